@@ -1,0 +1,108 @@
+"""Accuracy mode: decode LoadGen's accuracy log with the model's result description, compute
+the manifest's metric, and compare with the reference log."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from harness.errors import UserError
+from harness.manifests import ReferenceLog, TensorSpec
+from harness.metrics import MetricResult, get_metric
+
+
+def decode_accuracy_log(path: Path, result: TensorSpec, dims: dict[str, int] | None = None) -> dict[int, np.ndarray]:
+    """Each logged response as an array, by sample index (the last one wins if a sample repeats)."""
+    try:
+        entries = json.loads(path.read_text() or "[]")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: expected LoadGen's accuracy log (a JSON list): {exc}") from None
+    dtype = np.dtype(result.element_type)
+    shape = tuple(int((dims or {}).get(d, -1)) if isinstance(d, str) else d for d in result.sample_shape())
+    decoded: dict[int, np.ndarray] = {}
+    for entry in entries:
+        data = bytes.fromhex(entry["data"])
+        if len(data) % dtype.itemsize:
+            raise UserError(f"{path}: sample {entry['qsl_idx']}: {len(data)} bytes is not a whole number of {dtype}")
+        array = np.frombuffer(data, dtype=dtype)
+        if shape and -1 not in shape:
+            if array.size != int(np.prod(shape)):
+                raise UserError(f"{path}: sample {entry['qsl_idx']}: expected {shape} {dtype}, got {array.size} values")
+            array = array.reshape(shape)
+        decoded[int(entry["qsl_idx"])] = array
+    return decoded
+
+
+@dataclass
+class AccuracyReport:
+    metric: str
+    values: dict[str, float]
+    headline: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    reference: str | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        if not self.checks:
+            return None
+        return "PASS" if all(c["pass"] for c in self.checks) else "FAIL"
+
+    def text(self) -> str:
+        lines = [self.headline]
+        lines += [f"{name}={value:.6f}" for name, value in self.values.items()]
+        if self.reference:
+            lines.append(f"reference={self.reference}")
+        for check in self.checks:
+            lines.append(check["line"])
+        if self.verdict:
+            lines.append(f"result={self.verdict}")
+        return "\n".join(lines) + "\n"
+
+    def as_record(self) -> dict[str, Any]:
+        return {"metric": self.metric, "values": self.values, "headline": self.headline,
+                "verdict": self.verdict, "reference": self.reference, "checks": self.checks}
+
+
+def evaluate(outputs: dict[int, np.ndarray], labels: Sequence[Any], metric_spec: dict[str, Any],
+             where: str) -> MetricResult:
+    name = metric_spec.get("metric")
+    if not name:
+        raise UserError(f"{where}: accuracy.metric: expected a metric name for accuracy mode")
+    if not outputs:
+        raise UserError(f"{where}: the accuracy log holds no responses")
+    params = {k: v for k, v in metric_spec.items() if k != "metric"}
+    return get_metric(name, where)(outputs, labels, params)
+
+
+def compare(result: MetricResult, reference: ReferenceLog | None, outputs: dict[int, np.ndarray],
+            metric_name: str) -> AccuracyReport:
+    report = AccuracyReport(metric_name, result.values, result.headline)
+    if reference is None:
+        return report
+    report.reference = f"{reference.ref} ({reference.path})"
+    for name, spec in reference.accuracy.items():
+        expected, tolerance = spec["expected"], spec["tolerance"]
+        got = result.values.get(name)
+        ok = got is not None and abs(got - expected) <= tolerance
+        got_text = "missing" if got is None else f"{got:.6f}"
+        report.checks.append({"name": name, "expected": expected, "tolerance": tolerance, "measured": got,
+                              "pass": ok, "line": f"{name}: expected {expected:.6f} ± {tolerance:g}, "
+                                                 f"measured {got_text}: {'PASS' if ok else 'FAIL'}"})
+    for item in reference.outputs:
+        index = int(item["sample"])
+        got = outputs.get(index)
+        expected = np.asarray(item["values"])
+        atol = float(item.get("atol", 0.0))
+        if got is None:
+            ok, detail = False, "not in the accuracy log"
+        else:
+            flat = got.reshape(-1)[: expected.size].astype(np.float64)
+            ok = flat.size == expected.size and bool(np.allclose(flat, expected, atol=atol, rtol=0))
+            diff = float(np.max(np.abs(flat - expected))) if flat.size == expected.size else float("inf")
+            detail = f"max |diff| {diff:.3g} (atol {atol:g})"
+        report.checks.append({"name": f"output[{index}]", "pass": ok, "expected": expected.tolist(),
+                              "line": f"output of sample {index}: {detail}: {'PASS' if ok else 'FAIL'}"})
+    return report

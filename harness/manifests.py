@@ -1,0 +1,356 @@
+"""DLSpec manifests: model, dataset, software, hardware, and reference logs. Each is frozen,
+validated on load, and carries the sha256 of its file so that every result names what ran."""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.validation import NAME, SEMVER, SHA256, Checker, load_yaml
+
+ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+FRAMEWORKS = ("onnxruntime", "torch", "null")
+CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    uri: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    type: str
+    element_type: str
+    shape: tuple[int | str, ...]
+    layout: str | None = None
+
+    def sample_shape(self) -> tuple[int | str, ...]:
+        """The shape of one sample: the declared shape without its leading batch dimension."""
+        return self.shape[1:] if self.shape and self.shape[0] == "batch" else self.shape
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: str
+    name: str
+    version: str
+    path: Path
+    sha256: str
+    doc: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def identity(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "sha256": self.sha256, "path": str(self.path)}
+
+
+@dataclass(frozen=True)
+class ModelManifest(Manifest):
+    description: str = ""
+    framework: str = ""
+    framework_version: str = ""
+    mlperf_benchmark: str | None = None
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    result: TensorSpec | None = None
+    sources: dict[str, Artifact] = field(default_factory=dict)
+    factory: str | None = None
+    graph_transforms: tuple[str, ...] = ()
+    preprocess: str | None = None
+    postprocess: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    default_dataset: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetManifest(Manifest):
+    description: str = ""
+    sources: dict[str, Artifact] = field(default_factory=dict)
+    samples: str = ""
+    load: str | None = None
+    sample_count: int = 0
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SoftwareManifest(Manifest):
+    packages: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareManifest(Manifest):
+    device: str = "cpu"
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    cpu_affinity: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceLog(Manifest):
+    model: dict[str, str] = field(default_factory=dict)
+    dataset: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
+    performance: dict[str, dict[str, float]] = field(default_factory=dict)
+    outputs: tuple[dict[str, Any], ...] = ()
+
+
+def _common(check: Checker, doc: Any, kind: str) -> tuple[str, str]:
+    if not isinstance(doc, dict):
+        check.fail("", f"a mapping with kind: {kind}", doc)
+        return "", ""
+    got_kind = doc.get("kind")
+    if got_kind != kind:
+        check.fail("kind", repr(kind), got_kind)
+    name = check.pattern(doc, "name", "", NAME, "a name of letters, digits, '.', '_' or '-'") or ""
+    version = check.pattern(doc, "version", "", SEMVER, "a semantic version such as 1.0.0") or ""
+    return name, version
+
+
+def _artifact(check: Checker, doc: Any, path: str) -> Artifact | None:
+    if isinstance(doc, str):
+        check.fail(path, "a mapping {uri, sha256}", doc)
+        return None
+    if not isinstance(doc, dict):
+        check.fail(path, "a mapping {uri, sha256}", doc)
+        return None
+    check.unknown_keys(doc, path, ("uri", "sha256", "transforms"))
+    uri = check.get(doc, "uri", path, str, "a path, file://, package:// or https:// URI")
+    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)")
+    return Artifact(uri, sha) if uri else None
+
+
+def _code(check: Checker, doc: dict, key: str, path: str, required: bool) -> str | None:
+    value = check.get(doc, key, path, str, "inline Python source or module:function", required)
+    if value is None:
+        return None
+    if "\n" not in value and not CODE_REF.match(value.strip()):
+        check.fail(f"{path}.{key}" if path else key, "inline Python source (several lines) or module:function", value)
+        return None
+    return value
+
+
+def _tensor(check: Checker, doc: Any, path: str) -> TensorSpec | None:
+    if not isinstance(doc, dict):
+        check.fail(path, "a mapping {name, type, element_type, shape, layout}", doc)
+        return None
+    check.unknown_keys(doc, path, ("name", "type", "element_type", "shape", "layout"))
+    name = check.get(doc, "name", path, str, "a tensor name") or ""
+    kind = check.get(doc, "type", path, str, "a tensor type such as image, tokens, probabilities", False, "tensor")
+    dtype = check.one_of(doc, "element_type", path, ELEMENT_TYPES) or "float32"
+    shape = check.get(doc, "shape", path, list, "a list of sizes and symbolic dims such as [batch, 3, 224, 224]")
+    dims: list[int | str] = []
+    for i, dim in enumerate(shape or []):
+        if isinstance(dim, bool) or not (isinstance(dim, int) and dim > 0 or isinstance(dim, str) and DIM_NAME.match(dim)):
+            check.fail(f"{path}.shape[{i}]", "a positive size or a symbolic dim name", dim)
+        else:
+            dims.append(dim)
+    layout = check.get(doc, "layout", path, str, "a layout such as NCHW", False)
+    return TensorSpec(name, kind, dtype, tuple(dims), layout)
+
+
+def _tensors(check: Checker, doc: dict, key: str) -> tuple[TensorSpec, ...]:
+    items = check.get(doc, key, "", list, "a non-empty list of tensors")
+    if items == []:
+        check.fail(key, "a non-empty list of tensors", items)
+    found = [_tensor(check, item, f"{key}[{i}]") for i, item in enumerate(items or [])]
+    return tuple(t for t in found if t is not None)
+
+
+def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
+    check = Checker(str(path))
+    name, version = _common(check, doc, "model")
+    doc = doc if isinstance(doc, dict) else {}
+    check.unknown_keys(doc, "", (
+        "kind", "name", "version", "description", "framework", "mlperf_benchmark", "inputs", "outputs",
+        "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset"))
+    framework = check.get(doc, "framework", "", dict, "a mapping {name, version}") or {}
+    check.unknown_keys(framework, "framework", ("name", "version"))
+    fw_name = check.one_of(framework, "name", "framework", FRAMEWORKS) if framework else ""
+    fw_version = check.get(framework, "version", "framework", str, "a version constraint such as '>=1.17'", False, "")
+    if fw_version:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            SpecifierSet(fw_version)
+        except InvalidSpecifier:
+            check.fail("framework.version", "a version constraint such as '>=1.17'", fw_version)
+    inputs = _tensors(check, doc, "inputs")
+    outputs = _tensors(check, doc, "outputs")
+    result = _tensor(check, doc["result"], "result") if doc.get("result") is not None else None
+    sources_doc = check.get(doc, "sources", "", dict, "a mapping of sources (graph, weights, module, torchscript)",
+                            required=fw_name != "null", default={}) or {}
+    check.unknown_keys(sources_doc, "sources", ("graph", "weights", "module", "torchscript"))
+    sources: dict[str, Artifact] = {}
+    transforms: tuple[str, ...] = ()
+    for key in ("graph", "weights", "torchscript"):
+        if key in sources_doc:
+            art = _artifact(check, sources_doc[key], f"sources.{key}")
+            if art:
+                sources[key] = art
+    if isinstance(sources_doc.get("graph"), dict):
+        raw = sources_doc["graph"].get("transforms") or []
+        if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+            check.fail("sources.graph.transforms", "a list of transform names", raw)
+        else:
+            transforms = tuple(raw)
+    factory = None
+    if "module" in sources_doc:
+        module = sources_doc["module"]
+        if not isinstance(module, dict):
+            check.fail("sources.module", "a mapping {factory}", module)
+        else:
+            check.unknown_keys(module, "sources.module", ("factory",))
+            factory = _code(check, module, "factory", "sources.module", True)
+    if fw_name == "onnxruntime" and "graph" not in sources_doc:
+        check.fail("sources.graph", "an ONNX graph {uri, sha256} for framework onnxruntime")
+    if fw_name == "torch" and not (factory or "torchscript" in sources_doc):
+        check.fail("sources.module", "a module factory (with weights) or sources.torchscript for framework torch")
+    attributes = check.get(doc, "attributes", "", dict, "a mapping", False, {}) or {}
+    accuracy = check.get(doc, "accuracy", "", dict, "a mapping {metric, ...}", False, {}) or {}
+    if accuracy:
+        check.get(accuracy, "metric", "accuracy", str, "a metric name such as topk")
+    return _done(check, ModelManifest(
+        kind="model", name=name, version=version, path=path, sha256=sha, doc=doc,
+        description=check.get(doc, "description", "", str, "a description", False, "") or "",
+        framework=fw_name or "", framework_version=fw_version or "",
+        mlperf_benchmark=check.get(doc, "mlperf_benchmark", "", str, "an MLPerf benchmark name", False),
+        inputs=inputs, outputs=outputs, result=result, sources=sources, factory=factory,
+        graph_transforms=transforms,
+        preprocess=_code(check, doc, "preprocess", "", False),
+        postprocess=_code(check, doc, "postprocess", "", False),
+        attributes=attributes, accuracy=accuracy,
+        default_dataset=check.get(doc, "dataset", "", str, "a default dataset name", False)))
+
+
+def parse_dataset(doc: Any, path: Path, sha: str) -> DatasetManifest:
+    check = Checker(str(path))
+    name, version = _common(check, doc, "dataset")
+    doc = doc if isinstance(doc, dict) else {}
+    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "sources", "samples", "load",
+                                 "sample_count", "evaluation"))
+    sources_doc = check.get(doc, "sources", "", dict, "a mapping name -> {uri, sha256}", False, {}) or {}
+    sources = {}
+    for key, value in sources_doc.items():
+        art = _artifact(check, value, f"sources.{key}")
+        if art:
+            sources[str(key)] = art
+    count = check.get(doc, "sample_count", "", int, "a positive integer")
+    if count is not None and count <= 0:
+        check.fail("sample_count", "a positive integer", count)
+    evaluation = check.get(doc, "evaluation", "", dict, "a mapping {metric, ...}", False, {}) or {}
+    if evaluation:
+        check.get(evaluation, "metric", "evaluation", str, "a metric name")
+    return _done(check, DatasetManifest(
+        kind="dataset", name=name, version=version, path=path, sha256=sha, doc=doc,
+        description=check.get(doc, "description", "", str, "a description", False, "") or "",
+        sources=sources, samples=_code(check, doc, "samples", "", True) or "",
+        load=_code(check, doc, "load", "", False), sample_count=count or 0, evaluation=evaluation))
+
+
+def parse_software(doc: Any, path: Path, sha: str) -> SoftwareManifest:
+    check = Checker(str(path))
+    name, version = _common(check, doc, "software")
+    doc = doc if isinstance(doc, dict) else {}
+    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "packages", "environment"))
+    packages = check.get(doc, "packages", "", dict, "a mapping package -> version constraint", False, {}) or {}
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    for pkg, spec in packages.items():
+        try:
+            SpecifierSet(str(spec) if spec is not None else "")
+        except InvalidSpecifier:
+            check.fail(f"packages.{pkg}", "a version constraint such as '==1.31.1' or '>=2.0'", spec)
+    env = check.get(doc, "environment", "", dict, "a mapping VAR -> value", False, {}) or {}
+    return _done(check, SoftwareManifest(
+        kind="software", name=name, version=version, path=path, sha256=sha, doc=doc,
+        packages={str(k): str(v or "") for k, v in packages.items()},
+        environment={str(k): str(v) for k, v in env.items()}))
+
+
+DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
+
+
+def parse_hardware(doc: Any, path: Path, sha: str) -> HardwareManifest:
+    check = Checker(str(path))
+    name, version = _common(check, doc, "hardware")
+    doc = doc if isinstance(doc, dict) else {}
+    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "device", "intra_op_threads",
+                                 "inter_op_threads", "cpu_affinity", "system"))
+    device = check.pattern(doc, "device", "", DEVICE, "cpu or cuda:N") or "cpu"
+    threads = {}
+    for key in ("intra_op_threads", "inter_op_threads"):
+        value = check.get(doc, key, "", int, "a thread count >= 0 (0 = automatic)", False, 0)
+        if value is not None and value < 0:
+            check.fail(key, "a thread count >= 0 (0 = automatic)", value)
+        threads[key] = value or 0
+    affinity = check.get(doc, "cpu_affinity", "", list, "a list of CPU indices", False)
+    if affinity is not None and not all(isinstance(c, int) and c >= 0 for c in affinity):
+        check.fail("cpu_affinity", "a list of CPU indices", affinity)
+    return _done(check, HardwareManifest(
+        kind="hardware", name=name, version=version, path=path, sha256=sha, doc=doc, device=device,
+        cpu_affinity=tuple(affinity) if affinity else None, **threads))
+
+
+def parse_reference(doc: Any, path: Path, sha: str) -> ReferenceLog:
+    check = Checker(str(path))
+    name, version = _common(check, doc, "reference")
+    doc = doc if isinstance(doc, dict) else {}
+    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "model", "dataset", "backend",
+                                 "accuracy", "performance", "outputs"))
+    idents = {}
+    for key in ("model", "dataset"):
+        ident = check.get(doc, key, "", dict, "a mapping {name, version, sha256}") or {}
+        check.get(ident, "name", key, str, "a manifest name")
+        check.pattern(ident, "version", key, SEMVER, "a semantic version")
+        check.pattern(ident, "sha256", key, SHA256, "the manifest's content sha256", required=False)
+        idents[key] = {str(k): str(v) for k, v in ident.items()}
+    accuracy = check.get(doc, "accuracy", "", dict, "a mapping metric -> {expected, tolerance}", False, {}) or {}
+    for metric, spec in accuracy.items():
+        check.get(spec, "expected", f"accuracy.{metric}", float, "a number")
+        check.get(spec, "tolerance", f"accuracy.{metric}", float, "a number >= 0")
+    performance = check.get(doc, "performance", "", dict, "a mapping scenario -> figures", False, {}) or {}
+    outputs = check.get(doc, "outputs", "", list, "a list of {sample, values, atol}", False, []) or []
+    for i, item in enumerate(outputs):
+        check.get(item, "sample", f"outputs[{i}]", int, "a sample index")
+        check.get(item, "values", f"outputs[{i}]", list, "a list of expected values")
+    return _done(check, ReferenceLog(
+        kind="reference", name=name, version=version, path=path, sha256=sha, doc=doc,
+        model=idents["model"], dataset=idents["dataset"],
+        backend=check.get(doc, "backend", "", str, "a backend name") or "",
+        accuracy={k: {"expected": float(v.get("expected", 0)), "tolerance": float(v.get("tolerance", 0))}
+                  for k, v in accuracy.items() if isinstance(v, dict)},
+        performance=performance, outputs=tuple(outputs)))
+
+
+PARSERS = {"model": parse_model, "dataset": parse_dataset, "software": parse_software,
+           "hardware": parse_hardware, "reference": parse_reference}
+
+
+def _done(check: Checker, manifest: Manifest) -> Any:
+    check.raise_if_any()
+    return manifest
+
+
+def load_manifest(path: Path | str, kind: str | None = None) -> Any:
+    """Load and validate one manifest file; its `kind` field picks the parser unless `kind` is given."""
+    path = Path(path)
+    doc = load_yaml(path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    wanted = kind or (doc.get("kind") if isinstance(doc, dict) else None)
+    parser = PARSERS.get(wanted) if isinstance(wanted, str) else None
+    if parser is None:
+        check = Checker(str(path))
+        check.fail("kind", f"one of {sorted(PARSERS)}", doc.get("kind") if isinstance(doc, dict) else doc)
+        check.raise_if_any()
+    return parser(doc, path, sha)

@@ -1,0 +1,268 @@
+"""One run: manifests -> runtime -> LoadGen (per mode) -> results tree and run record."""
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness import accuracy as accuracy_mod
+from harness import results, system as system_mod
+from harness.atomic_io import write_json, write_text
+from harness.errors import UserError
+from harness.loadgen_logs import detail_problems, parse_summary
+from harness.manifests import ModelManifest, ReferenceLog
+from harness.run_record import RunRecord, new_run_id, utc_now
+from harness.settings import Settings, apply_to_loadgen, build_settings
+from harness.specs import SpecIndex, default_index
+
+DEFAULT_RESULTS_DIR = Path("results")
+
+
+@dataclass
+class RunRequest:
+    model: str
+    scenario: str
+    mode: str = "performance"
+    dataset: str | None = None
+    backend: str | None = None
+    software: str | None = None
+    hardware: str = "cpu"
+    reference: str | None = None
+    quick: bool = False
+    presets: list[str] = field(default_factory=list)
+    user_conf: Path | None = None
+    results_dir: Path = DEFAULT_RESULTS_DIR
+    overrides: list[str] = field(default_factory=list)
+    profile: list[str] = field(default_factory=list)
+    audit_config: Path | None = None
+    command: str = ""
+
+
+class RunFailed(UserError):
+    """The run started but failed; its record (status failed) is attached."""
+
+    def __init__(self, message: str, record: RunRecord):
+        super().__init__(message)
+        self.record = record
+
+
+def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
+    """A model manifest by path, or by name and backend; without a backend, the registry's first."""
+    from sut import backends as backend_registry
+
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        return index.find("model", name_or_path)
+    candidates = index.named("model", name_or_path)
+    if not candidates:
+        return index.find("model", name_or_path)  # raises with the known names
+    if backend:
+        matching = [m for m in candidates if m.framework == backend]
+        if matching:
+            return matching[0]
+        if backend == "null":
+            return candidates[0]  # the null backend runs any model's declared outputs
+        have = ", ".join(sorted(m.framework for m in candidates))
+        raise UserError(f"model {name_or_path!r} has no manifest for backend {backend!r} (have: {have})")
+    order = backend_registry.names()
+    return sorted(candidates, key=lambda m: order.index(m.framework) if m.framework in order else len(order))[0]
+
+
+def find_reference(index: SpecIndex, model: ModelManifest, dataset_name: str, backend: str) -> ReferenceLog | None:
+    for ref in index.all("reference"):
+        if ref.model.get("name") == model.name and ref.dataset.get("name") == dataset_name and ref.backend == backend:
+            return ref
+    return None
+
+
+def _conf_model(model: ModelManifest) -> str:
+    return model.mlperf_benchmark or model.name
+
+
+def prepare_settings(request: RunRequest, model: ModelManifest) -> Settings:
+    presets = (["quick"] if request.quick else []) + list(request.presets)
+    return build_settings(scenario=request.scenario, mode=request.mode, conf_model=_conf_model(model),
+                          model_name=model.name, model_hints=model.attributes.get("settings"),
+                          presets=presets, user_conf=request.user_conf, overrides=request.overrides)
+
+
+def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
+    options = {"max_batch_size": int(model.attributes.get("max_batch_size", 1)), "workers": 1}
+    options.update(settings.harness)
+    return options
+
+
+def run(request: RunRequest, index: SpecIndex | None = None) -> RunRecord:
+    """Run one model in one scenario and mode; returns the record, raises RunFailed on failure."""
+    index = index or default_index()
+    model = select_model(index, request.model, request.backend)
+    backend_name = request.backend or model.framework
+    dataset_name = request.dataset or model.default_dataset
+    if not dataset_name:
+        raise UserError(f"{model.path}: dataset: no default dataset; pass --dataset")
+    dataset = index.find("dataset", dataset_name)
+    hardware = index.find("hardware", request.hardware)
+    software = index.find("software", request.software or backend_name)
+    reference = index.find("reference", request.reference) if request.reference else \
+        find_reference(index, model, dataset.name, backend_name)
+    settings = prepare_settings(request, model)
+    installed = system_mod.check_software(software)
+    for var, value in software.environment.items():
+        os.environ.setdefault(var, value)
+    detected = system_mod.detect_system()
+    system_name = system_mod.system_name(detected)
+    run_id = new_run_id()
+    where = results.scenario_dir(Path(request.results_dir), system_name, model.name, request.scenario, run_id)
+    record = RunRecord(
+        run_id=run_id, command=request.command or _command_line(request), model=model.identity(),
+        dataset=dataset.identity(), backend=backend_name, scenario=request.scenario, mode=request.mode,
+        system_name=system_name, system=detected,
+        software={"manifest": software.identity(), "checked": installed, "versions": system_mod.software_versions()},
+        hardware=hardware.identity() | {"device": hardware.device}, settings=settings.as_record(),
+        reference=reference.identity() if reference else None, results_path=str(where.root))
+    if hardware.cpu_affinity and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, hardware.cpu_affinity)
+    runtime = None
+    try:
+        from sut.runtime import build_runtime
+
+        runtime = build_runtime(model, dataset, hardware, backend_name, _harness_options(settings, model))
+        record.backend_info = runtime.backend.describe()
+        user_conf = where.stage() / "user.conf"
+        write_text(user_conf, settings.user_conf_text())
+        modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]
+        for mode in modes:
+            _run_mode(mode, runtime, settings, user_conf, where, record, request, reference)
+        write_json(where.stage() / "measurements.json", results.measurements(model, backend_name))
+        write_text(where.stage() / "README.md", results.readme(model, request.scenario, record.command))
+        record.status = "ok"
+    except BaseException as exc:
+        record.status = "failed"
+        record.error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        record.finished_at = utc_now()
+        write_json(where.stage() / "run.json", record.to_dict())
+        failed_dir = where.keep_failed()
+        record.results_path = str(failed_dir)
+        write_json(failed_dir / "run.json", record.to_dict())
+        _store(request, record)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise RunFailed(f"run failed: {record.error} (logs kept in {failed_dir})", record) from exc
+    finally:
+        if runtime is not None:
+            runtime.backend.close()
+    record.finished_at = utc_now()
+    write_json(where.stage() / "run.json", record.to_dict())
+    where.publish()
+    results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
+    _store(request, record)
+    return record
+
+
+def _store(request: RunRequest, record: RunRecord) -> None:
+    """Add the record to the results database when that module is present (a later layer)."""
+    try:
+        from harness import result_store
+    except ImportError:
+        return
+    result_store.record_run(Path(request.results_dir), record)
+
+
+def _command_line(request: RunRequest) -> str:
+    parts = ["mlharness", "run", request.model, "--scenario", request.scenario, "--mode", request.mode]
+    for flag, value in (("--dataset", request.dataset), ("--backend", request.backend),
+                        ("--software", request.software), ("--user-conf", request.user_conf)):
+        if value:
+            parts += [flag, str(value)]
+    if request.hardware != "cpu":
+        parts += ["--hardware", request.hardware]
+    if request.quick:
+        parts.append("--quick")
+    for item in request.overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)
+
+
+def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,
+              record: RunRecord, request: RunRequest, reference: ReferenceLog | None) -> None:
+    dest = where.stage("accuracy") if mode == "accuracy" else where.stage("performance", "run_1")
+    mode_settings = replace(settings, mode=mode)
+    with tempfile.TemporaryDirectory(prefix="mlharness-lg-", dir=where.staging) as logdir:
+        failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, Path(logdir), request)
+        kept = results.keep_loadgen_logs(Path(logdir), dest, drop_empty_accuracy=mode != "accuracy")
+    summary = parse_summary(dest / "mlperf_log_summary.txt")
+    summary["wall_seconds"] = round(elapsed, 3)
+    problems = detail_problems(dest / "mlperf_log_detail.txt")
+    record.loadgen[mode] = {"logs": kept, **problems}
+    if mode == "accuracy":
+        record.loadgen[mode]["summary"] = summary
+    else:
+        record.performance = summary
+    if failure is not None:
+        raise failure
+    if problems["errors"]:
+        raise UserError(f"LoadGen logged errors in {dest / 'mlperf_log_detail.txt'}: {problems['errors'][0]}")
+    if mode == "accuracy":
+        report = _score(runtime, dest, reference)
+        record.accuracy = report.as_record()
+
+
+def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy_mod.AccuracyReport:
+    model, dataset = runtime.model, runtime.dataset
+    result_spec = model.result or model.outputs[0]
+    decoded = accuracy_mod.decode_accuracy_log(dest / "mlperf_log_accuracy.json", result_spec,
+                                               model.attributes.get("dims"))
+    spec = dataset.evaluation or model.accuracy
+    where = str(dataset.path if dataset.evaluation else model.path)
+    scored = accuracy_mod.evaluate(decoded, runtime.labels, spec, where)
+    report = accuracy_mod.compare(scored, reference, decoded, spec["metric"])
+    write_text(dest / "accuracy.txt", report.text())
+    return report
+
+
+def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
+                request: RunRequest) -> tuple[BaseException | None, float]:
+    """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time."""
+    import mlperf_loadgen as lg
+
+    from sut.handoff import load_handoff
+    from sut.system_under_test import SystemUnderTest
+
+    test_settings = apply_to_loadgen(settings, user_conf)
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(logdir)
+    log_settings.log_output.copy_summary_to_stdout = False
+    log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
+    options = _harness_options(settings, runtime.model)
+    sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
+                          scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
+                          max_batch_size=options["max_batch_size"], workers=options["workers"])
+
+    def load_samples(indices: list[int]) -> None:
+        try:
+            runtime.staged.load_samples(indices)
+        except BaseException as exc:  # must not propagate into LoadGen's C++ thread
+            sut.fail_staging(exc)
+
+    def unload_samples(indices: list[int]) -> None:
+        runtime.staged.unload_samples(indices)
+
+    total = len(runtime.staged)
+    perf_count = min(total, int(runtime.model.attributes.get("performance_sample_count", 1024)))
+    # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
+    audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
+    sut.start()
+    lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
+    qsl = lg.ConstructQSL(total, perf_count, load_samples, unload_samples)
+    started = time.perf_counter()
+    try:
+        lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
+    finally:
+        elapsed = time.perf_counter() - started
+        sut.stop()
+        lg.DestroyQSL(qsl)
+        lg.DestroyFastSUT(lg_sut)
+    return sut.failure, elapsed

@@ -1,0 +1,180 @@
+"""Run settings from layered sources, lowest first: LoadGen's built-in mlperf.conf < the model's
+expected figures < a scenario preset in scenarios/ < user.conf < --set flags. The merged LoadGen
+keys are written as one user.conf and applied with a single FromConfig call; harness keys
+(batching, threads) go to the SUT. Each value remembers which layer set it."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from harness.validation import load_yaml
+
+SCENARIOS = ("SingleStream", "MultiStream", "Server", "Offline")
+MODES = ("performance", "accuracy", "submission", "find-peak")
+
+# Keys LoadGen's FromConfig understands in user.conf (`model.Scenario.key = value`).
+LOADGEN_KEYS = frozenset({
+    "target_qps", "target_latency", "target_latency_percentile", "min_duration", "max_duration",
+    "min_query_count", "max_query_count", "qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
+    "accuracy_log_rng_seed", "accuracy_log_probability", "accuracy_log_sampling_target",
+    "performance_issue_unique", "performance_issue_same", "performance_issue_same_index",
+    "performance_sample_count_override", "samples_per_query", "max_async_queries", "coalesce_queries",
+    "print_timestamps", "sample_concatenate_permutation", "test05", "test05_qsl_rng_seed",
+    "test05_sample_index_rng_seed", "test05_schedule_rng_seed", "server_num_issue_query_threads",
+    "use_token_latencies", "ttft_latency", "tpot_latency", "infer_token_latencies",
+    "token_latency_scaling_factor",
+})
+# Keys the SUT reads; the rest of the harness passes them through untouched.
+HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
+                          "enable_trace", "dataset_limit"})
+# What a submission must not override (checked by the packager and recorded here).
+PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
+                            "performance_sample_count_override", "min_duration", "min_query_count",
+                            "accuracy_log_rng_seed"})
+
+
+def scenarios_root() -> Path:
+    env = os.environ.get("MLHARNESS_SCENARIOS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@dataclass
+class Settings:
+    scenario: str
+    mode: str
+    conf_model: str
+    loadgen: dict[str, str] = field(default_factory=dict)
+    harness: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)  # key -> layer that set it
+    layers: list[str] = field(default_factory=list)
+
+    def set(self, key: str, value: Any, layer: str, where: str) -> None:
+        if key in LOADGEN_KEYS:
+            self.loadgen[key] = str(value)
+        elif key in HARNESS_KEYS:
+            self.harness[key] = _harness_value(key, value, where)
+        else:
+            known = ", ".join(sorted(LOADGEN_KEYS | HARNESS_KEYS))
+            raise UserError(f"{where}: unknown setting {key!r} (known: {known})")
+        self.origin[key] = layer
+
+    def user_conf_text(self) -> str:
+        """The merged LoadGen settings as one user.conf, the file FromConfig reads once."""
+        lines = [f"# written by mlharness: layers {' < '.join(['mlperf.conf'] + self.layers)}"]
+        lines += [f"{self.conf_model}.{self.scenario}.{k} = {v}" for k, v in sorted(self.loadgen.items())]
+        return "\n".join(lines) + "\n"
+
+    def overridden_protected(self) -> list[str]:
+        return sorted(k for k in self.loadgen if k in PROTECTED_KEYS)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "mode": self.mode, "conf_model": self.conf_model,
+                "loadgen": dict(self.loadgen), "harness": dict(self.harness),
+                "origin": dict(self.origin), "layers": ["mlperf.conf"] + self.layers}
+
+
+def _harness_value(key: str, value: Any, where: str) -> Any:
+    if key == "enable_trace":
+        return str(value).lower() in ("1", "true", "yes", "on")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {key}: expected an integer, got {value!r}") from None
+    minimum = 0 if key in ("intra_op_threads", "inter_op_threads", "dataset_limit") else 1
+    if number < minimum:
+        raise UserError(f"{where}: {key}: expected an integer >= {minimum}, got {number}")
+    return number
+
+
+def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str) -> list[tuple[str, str, int]]:
+    """(key, value, line) for the lines of a LoadGen user.conf that apply to this model and scenario."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read user.conf: {exc.strerror or exc}") from None
+    found = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        lhs, sep, value = line.partition("=")
+        parts = lhs.strip().split(".")
+        if not sep or len(parts) != 3 or not value.strip():
+            raise UserError(f"{path}: line {number}: expected 'model.Scenario.key = value', got {raw.strip()!r}")
+        model, scen, key = parts
+        if model in ("*", conf_model, model_name) and scen in ("*", scenario):
+            found.append((key, value.strip(), number))
+    return found
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = scenarios_root() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise UserError(f"{path}: no such scenario preset")
+    doc = load_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("settings", {}), dict):
+        raise UserError(f"{path}: settings: expected a mapping Scenario|'*' -> {{key: value}}")
+    return {"path": path, "settings": doc.get("settings", {})}
+
+
+def _apply_scoped(settings: Settings, scoped: dict[str, Any], layer: str, where: str) -> None:
+    """Apply a {'*' | Scenario: {key: value}} mapping: '*' first, then the scenario's own entries."""
+    for scope in ("*", settings.scenario):
+        entries = scoped.get(scope) or {}
+        if not isinstance(entries, dict):
+            raise UserError(f"{where}: {scope}: expected a mapping of settings")
+        for key, value in entries.items():
+            settings.set(str(key), value, layer, f"{where}: {scope}")
+
+
+def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str,
+                   model_hints: dict[str, Any] | None = None, presets: list[str] = (),
+                   user_conf: Path | None = None, overrides: list[str] = ()) -> Settings:
+    if scenario not in SCENARIOS:
+        raise UserError(f"--scenario: expected one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    if mode not in MODES:
+        raise UserError(f"--mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "find-peak" and scenario != "Server":
+        raise UserError(f"--mode find-peak: only the Server scenario has a peak to find, got {scenario}")
+    settings = Settings(scenario=scenario, mode=mode, conf_model=conf_model)
+    if model_hints:
+        settings.layers.append("model")
+        _apply_scoped(settings, model_hints, "model", f"model {model_name}: attributes.settings")
+    for preset in presets:
+        loaded = load_preset(preset)
+        settings.layers.append(f"preset:{loaded['path'].stem}")
+        _apply_scoped(settings, loaded["settings"], f"preset:{loaded['path'].stem}", str(loaded["path"]))
+    if user_conf is not None:
+        settings.layers.append("user.conf")
+        for key, value, line in parse_user_conf(user_conf, conf_model, model_name, scenario):
+            settings.set(key, value, "user.conf", f"{user_conf}: line {line}")
+    if overrides:
+        settings.layers.append("cli")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected key=value")
+        settings.set(key.strip(), value.strip(), "cli", f"--set {item}")
+    return settings
+
+
+def apply_to_loadgen(settings: Settings, user_conf_path: Path) -> Any:
+    """A LoadGen TestSettings: scenario and mode set in code, everything else from one FromConfig."""
+    import mlperf_loadgen as lg
+
+    test = lg.TestSettings()
+    test.scenario = getattr(lg.TestScenario, settings.scenario)
+    test.mode = {
+        "performance": lg.TestMode.PerformanceOnly,
+        "accuracy": lg.TestMode.AccuracyOnly,
+        "find-peak": lg.TestMode.FindPeakPerformance,
+    }[settings.mode]
+    status = test.FromConfig(str(user_conf_path), settings.conf_model, settings.scenario)
+    if status != 0:
+        raise UserError(f"{user_conf_path}: LoadGen rejected the settings (FromConfig returned {status})")
+    return test

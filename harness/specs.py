@@ -1,0 +1,59 @@
+"""Find manifests by name under the specs/ folder, or take a path as given."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from harness.manifests import load_manifest
+
+KIND_FOLDERS = {"model": "models", "dataset": "datasets", "software": "software",
+                "hardware": "hardware", "reference": "references"}
+
+
+def specs_root() -> Path:
+    """specs/ beside the package, unless MLHARNESS_SPECS points elsewhere."""
+    env = os.environ.get("MLHARNESS_SPECS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "specs"
+
+
+def spec_files(root: Path | None = None, kind: str | None = None) -> list[Path]:
+    root = root or specs_root()
+    folders = [KIND_FOLDERS[kind]] if kind else list(dict.fromkeys(KIND_FOLDERS.values()))
+    found: list[Path] = []
+    for folder in folders:
+        found.extend(sorted((root / folder).glob("*.yaml")))
+    return found
+
+
+@dataclass(frozen=True)
+class SpecIndex:
+    root: Path
+
+    def all(self, kind: str) -> list[Any]:
+        return [load_manifest(p, kind) for p in spec_files(self.root, kind)]
+
+    def named(self, kind: str, name: str) -> list[Any]:
+        return [m for m in self.all(kind) if m.name == name]
+
+    def find(self, kind: str, name_or_path: str) -> Any:
+        """A manifest by path (anything that exists or ends in .yaml) or by unique name."""
+        if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+            path = Path(name_or_path)
+            if not path.is_file():
+                raise UserError(f"{path}: no such {kind} manifest file")
+            return load_manifest(path, kind)
+        matches = self.named(kind, name_or_path)
+        if not matches:
+            known = sorted({m.name for m in self.all(kind)})
+            raise UserError(f"no {kind} manifest named {name_or_path!r} under {self.root} (known: {', '.join(known)})")
+        if len(matches) > 1:
+            versions = ", ".join(f"{m.ref} ({m.path.name})" for m in matches)
+            raise UserError(f"{kind} name {name_or_path!r} is ambiguous: {versions}; pass a path")
+        return matches[0]
+
+
+def default_index() -> SpecIndex:
+    return SpecIndex(specs_root())

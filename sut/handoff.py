@@ -1,0 +1,89 @@
+"""Moving tensors between the stages: gather staged samples into a batch, and complete LoadGen
+queries with responses that point into one batch output buffer.
+
+Two implementations share this interface: the C extension `sut._native` (default when built)
+and the pure-Python one below (baseline and equivalence reference). `MLHARNESS_HANDOFF=python`
+forces the Python one.
+
+Where copies happen, end to end (CPU):
+- staging -> batch: one row memcpy per sample into a reused batch buffer (`gather`); a batch of one
+  is a slice of the staged array, no copy at all.
+- batch -> framework: nothing but the buffer protocol is needed. ONNX Runtime wraps a contiguous
+  numpy array of the input's element type without copying, both in `session.run(feed)` and in
+  `io_binding.bind_cpu_input(name, array)`; `io_binding.bind_output(name, "cpu", 0, dtype, shape,
+  array.ctypes.data)` makes ORT write straight into a pre-allocated numpy array (the array must
+  outlive `run_with_iobinding`). torch: `torch.from_numpy(array)` and `torch.from_dlpack(array)`
+  share memory; `tensor.numpy()` on a CPU tensor shares it back. ORT's `session.run` outputs are
+  numpy arrays over ORT-owned memory (no copy). On CUDA, staging buffers would be page-locked and
+  device buffers bound through IOBinding (`bind_input(name, "cuda", ...)`); not built or tested here.
+- framework -> LoadGen: `complete` builds responses holding pointers into the result rows; LoadGen
+  reads the bytes only inside QuerySamplesComplete (accuracy log, TEST01), so the buffer is pinned
+  for exactly that long and released when the call returns.
+"""
+from __future__ import annotations
+
+import os
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Handoff(Protocol):
+    name: str
+
+    def gather(self, staged: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """out[i] = staged[rows[i]] for every i; `out` is C-contiguous with len(rows) rows of
+        staged's element type. A row outside [0, len(staged)) raises IndexError naming it."""
+
+    def complete(self, query_ids: Sequence[int], results: np.ndarray) -> None:
+        """Complete query_ids[i] with the bytes of results[i] (row i = bytes [i*stride, (i+1)*stride),
+        stride = results.nbytes // len(query_ids)); results must stay alive (the caller holds it)
+        until this returns, since LoadGen reads response bytes only inside the call."""
+
+
+class PythonHandoff:
+    name = "python"
+
+    def __init__(self) -> None:
+        import mlperf_loadgen as lg
+
+        self._lg = lg
+
+    def gather(self, staged: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        # np.take counts negative rows from the end; a negative sample row is a bug, as in the C one.
+        if rows.size and rows.min() < 0:
+            position = int(np.argmax(rows < 0))
+            raise IndexError(f"row {int(rows[position])} (position {position}) is out of bounds "
+                             f"for {len(staged)} staged samples")
+        np.take(staged, rows, axis=0, out=out)
+
+    def complete(self, query_ids: Sequence[int], results: np.ndarray) -> None:
+        lg = self._lg
+        count = len(query_ids)
+        if count == 0:
+            return
+        if not results.flags.c_contiguous:
+            raise ValueError("results must be C-contiguous")
+        if results.nbytes % count:
+            raise ValueError(f"results has {results.nbytes} bytes, not a whole number of rows for {count} query ids")
+        base = results.ctypes.data
+        stride = results.nbytes // count
+        responses = [lg.QuerySampleResponse(qid, base + i * stride, stride) for i, qid in enumerate(query_ids)]
+        lg.QuerySamplesComplete(responses)
+
+
+def load_handoff(preference: str | None = None) -> Handoff:
+    """The native handoff when built and not overridden, else the Python one."""
+    choice = (preference or os.environ.get("MLHARNESS_HANDOFF") or "native").lower()
+    if choice == "native":
+        try:
+            from sut import _native  # type: ignore[attr-defined]
+        except ImportError:
+            return PythonHandoff()
+        return _native.NativeHandoff()
+    if choice == "python":
+        return PythonHandoff()
+    from harness.errors import UserError
+
+    raise UserError(f"MLHARNESS_HANDOFF={choice!r}: expected 'native' or 'python'")

@@ -1,0 +1,68 @@
+"""The DLSpec runtime: from manifests to a loaded backend, staged samples and compiled processing."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import artifacts
+from harness.errors import UserError
+from harness.manifests import DatasetManifest, HardwareManifest, ModelManifest
+from sut import backends
+from sut.backends.base import Backend
+from sut.processing import ProcessingContext, compile_function
+from sut.staging import StagedSamples
+
+
+@dataclass
+class Runtime:
+    model: ModelManifest
+    dataset: DatasetManifest
+    backend: Backend
+    staged: StagedSamples
+    postprocess: Callable[..., Any] | None
+    ctx: ProcessingContext
+    sources: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[Any]:
+        return self.staged.labels()
+
+
+def resolve_sources(manifest: Any) -> dict[str, Path]:
+    base = manifest.path.parent
+    return {key: artifacts.resolve(art, f"{manifest.path}: sources.{key}", base) for key, art in manifest.sources.items()}
+
+
+def enumerate_samples(dataset: DatasetManifest, ctx: ProcessingContext, limit: int = 0) -> list[tuple[Any, Any]]:
+    samples = compile_function(dataset.samples, "samples", str(dataset.path))
+    try:
+        items = list(samples(ctx))
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"{dataset.path}: samples: raised {type(exc).__name__}: {exc}") from None
+    for i, item in enumerate(items[:1]):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise UserError(f"{dataset.path}: samples: item {i}: expected a (sample, label) pair, got {type(item).__name__}")
+    if len(items) != dataset.sample_count:
+        raise UserError(f"{dataset.path}: sample_count: expected {dataset.sample_count} samples as declared, "
+                        f"the samples function gave {len(items)}")
+    return items[:limit] if limit else items
+
+
+def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend_name: str,
+                  options: dict[str, Any]) -> Runtime:
+    """Resolve and verify every source, compile the user code, enumerate the dataset, load the backend."""
+    model_sources = resolve_sources(model) if backend_name != "null" else {}
+    dataset_sources = resolve_sources(dataset)
+    ctx = ProcessingContext(attributes=dict(model.attributes), sources={**dataset_sources, **model_sources},
+                            model=model, dataset=dataset)
+    items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
+    load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
+    preprocess = compile_function(model.preprocess, "preprocess", str(model.path)) if model.preprocess else None
+    postprocess = compile_function(model.postprocess, "postprocess", str(model.path)) if model.postprocess else None
+    backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
+    backend.load()
+    staged = StagedSamples(items, model.inputs, preprocess, load, ctx)
+    return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources})

@@ -1,0 +1,189 @@
+"""The SUT LoadGen drives. SingleStream runs each query inline in LoadGen's issue thread; Offline,
+Server and MultiStream go through a batching queue served by worker threads. Queries complete
+with responses that point into the batch's result buffer (see sut.handoff).
+
+A failure in user code or the backend stops the work: it is recorded with the sample indices,
+every outstanding and later query is completed empty so LoadGen ends promptly (no hang), and
+the run is marked failed by the caller."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from sut.backends.base import Backend
+from sut.handoff import Handoff
+from sut.processing import ProcessingContext
+from sut.staging import SampleError, StagedSamples
+
+INLINE_SCENARIOS = ("SingleStream",)
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """perf_counter_ns stamps of one batch, for tracers (issued = when LoadGen handed it over)."""
+
+    worker: int
+    sample_indices: Sequence[int]
+    issued_ns: int
+    started_ns: int
+    gathered_ns: int
+    predicted_ns: int
+    postprocessed_ns: int
+    completed_ns: int
+
+
+class BatchObserver(Protocol):
+    def batch(self, times: BatchTimes) -> None: ...
+
+
+class SystemUnderTest:
+    def __init__(self, *, backend: Backend, staged: StagedSamples, handoff: Handoff, scenario: str,
+                 postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
+                 ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
+                 observer: BatchObserver | None = None):
+        self.backend = backend
+        self.staged = staged
+        self.handoff = handoff
+        self.scenario = scenario
+        self.postprocess = postprocess
+        self.ctx = ctx
+        self.max_batch_size = max(1, max_batch_size if backend.supports_batching else 1)
+        self.workers = max(1, workers)
+        self.observer = observer
+        self.failure: SampleError | BaseException | None = None
+        self.inline = scenario in INLINE_SCENARIOS
+        self.completed_samples = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._fail_lock = threading.Lock()
+        self._batch_buffers = [dict() for _ in range(self.workers + 1)]  # per worker; the last is inline
+        import mlperf_loadgen as lg
+
+        self._lg = lg
+
+    # LoadGen callbacks ---------------------------------------------------------------------
+    def issue_query(self, query_ids: list[int], sample_indices: list[int]) -> None:
+        """ConstructFastSUT's issue callback: ids and sample indices as two lists."""
+        issued = time.perf_counter_ns()
+        if self.failure is not None:
+            self._complete_empty(query_ids)
+        elif self.inline:
+            self._run_batch(len(self._batch_buffers) - 1, query_ids, sample_indices, issued)
+        else:
+            step = self.max_batch_size
+            for start in range(0, len(query_ids), step):
+                self._queue.put((query_ids[start:start + step], sample_indices[start:start + step], issued))
+
+    def flush_queries(self) -> None:
+        """Nothing is held back: workers take whatever is queued, so there is nothing to flush."""
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.inline:
+            return
+        for worker in range(self.workers):
+            thread = threading.Thread(target=self._serve, args=(worker,), name=f"mlharness-worker-{worker}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+
+    # work ---------------------------------------------------------------------------------------
+    def _serve(self, worker: int) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            ids, indices, issued = item
+            # Coalesce what is already waiting (Server) up to the batch limit; never wait for more.
+            while len(ids) < self.max_batch_size:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)
+                    break
+                ids = ids + more[0]
+                indices = indices + more[1]
+                if len(ids) > self.max_batch_size:
+                    # Put the overflow back at the end; order within Server is by arrival anyway.
+                    self._queue.put((ids[self.max_batch_size:], indices[self.max_batch_size:], more[2]))
+                    ids, indices = ids[: self.max_batch_size], indices[: self.max_batch_size]
+            if self.failure is not None:
+                self._complete_empty(ids)
+            else:
+                self._run_batch(worker, ids, indices, issued)
+
+    def _inputs_for(self, worker: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        arrays = self.staged.arrays
+        if len(rows) == 1:
+            row = int(rows[0])
+            return {name: staged[row:row + 1] for name, staged in arrays.items()}  # a view, no copy
+        buffers = self._batch_buffers[worker]
+        feed = {}
+        for name, staged in arrays.items():
+            buffer = buffers.get(name)
+            if buffer is None or buffer.shape[0] < len(rows) or buffer.shape[1:] != staged.shape[1:] or buffer.dtype != staged.dtype:
+                buffer = np.empty((self.max_batch_size, *staged.shape[1:]), staged.dtype)
+                buffers[name] = buffer
+            out = buffer[: len(rows)]
+            self.handoff.gather(staged, rows, out)
+            feed[name] = out
+        return feed
+
+    def _run_batch(self, worker: int, query_ids: list[int], sample_indices: list[int], issued: int) -> None:
+        started = time.perf_counter_ns()
+        stage = "staging"
+        try:
+            rows = self.staged.rows(sample_indices)
+            feed = self._inputs_for(worker, rows)
+            gathered = time.perf_counter_ns()
+            stage = "predict"
+            outputs = self.backend.predict(feed)
+            predicted = time.perf_counter_ns()
+            stage = "postprocess"
+            if self.postprocess is not None:
+                result = self.postprocess(outputs, self.ctx)
+            else:
+                result = next(iter(outputs.values()))
+            result = np.ascontiguousarray(result)
+            if result.ndim == 0 or result.shape[0] != len(query_ids):
+                raise ValueError(f"expected a result with {len(query_ids)} rows (one per sample), got shape {result.shape}")
+            postprocessed = time.perf_counter_ns()
+            stage = "complete"
+            self.handoff.complete(query_ids, result)
+        except BaseException as exc:  # user code may raise anything; the run must end, not hang
+            self._fail(sample_indices, stage, exc)
+            self._complete_empty(query_ids)
+            return
+        self.completed_samples += len(query_ids)
+        if self.observer is not None:
+            self.observer.batch(BatchTimes(worker, sample_indices, issued, started, gathered, predicted,
+                                           postprocessed, time.perf_counter_ns()))
+
+    def _fail(self, sample_indices: Sequence[int], stage: str, exc: BaseException) -> None:
+        with self._fail_lock:
+            if self.failure is None:
+                self.failure = exc if isinstance(exc, SampleError) else SampleError(sample_indices, stage, exc)
+
+    def fail_staging(self, exc: BaseException) -> None:
+        """LoadQuerySamples failed: remember it; every query from now on completes empty."""
+        with self._fail_lock:
+            if self.failure is None:
+                self.failure = exc
+
+    def _complete_empty(self, query_ids: Sequence[int]) -> None:
+        lg = self._lg
+        lg.QuerySamplesComplete([lg.QuerySampleResponse(qid, 0, 0) for qid in query_ids])
