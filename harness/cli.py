@@ -1,117 +1,23 @@
-"""The `mlharness` command: thin wrappers that parse arguments and call testable functions.
+"""The `mlharness` command. Each module in harness/commands/ registers its own subcommands
+(`register(subparsers)`), as thin wrappers that parse arguments and call testable functions.
 User mistakes raise UserError, caught once here: one line on stderr, exit 1."""
 from __future__ import annotations
 
 import argparse
-import shlex
+import importlib
+import pkgutil
 import sys
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
+from harness import commands
 from harness.errors import UserError
-from harness.settings import MODES, SCENARIOS
-
-Command = Callable[[argparse.Namespace], int]
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from harness.runner import RunRequest, run
-
-    request = RunRequest(
-        model=args.model, scenario=args.scenario, mode=args.mode, dataset=args.dataset, backend=args.backend,
-        software=args.software, hardware=args.hardware, reference=args.reference, quick=args.quick,
-        presets=args.preset or [], user_conf=Path(args.user_conf) if args.user_conf else None,
-        results_dir=Path(args.results_dir), overrides=args.set or [],
-        command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
-    record = run(request)
-    print(format_summary(record))
-    verdict = (record.accuracy or {}).get("verdict")
-    return 1 if verdict == "FAIL" else 0
-
-
-def format_summary(record) -> str:
-    perf = record.performance or {}
-    lines = [f"{record.model['name']} ({record.backend}) {record.scenario} {record.mode}: {record.status}"]
-    if perf:
-        metric = perf.get("metric") or {}
-        lines.append(f"  LoadGen result : {perf.get('result')}")
-        if metric:
-            lines.append(f"  {metric['label']} : {metric['value']}")
-        for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
-            if key in perf:
-                lines.append(f"  {key} : {perf[key]}")
-    if record.accuracy:
-        acc = record.accuracy
-        values = ", ".join(f"{k}={v:.4f}" for k, v in acc["values"].items())
-        lines.append(f"  accuracy ({acc['metric']}) : {values}")
-        for check in acc["checks"]:
-            lines.append(f"    {check['line']}")
-        if acc.get("verdict"):
-            lines.append(f"  reference : {acc['verdict']}")
-    lines.append(f"  results : {record.results_path}")
-    return "\n".join(lines)
-
-
-def cmd_specs_list(args: argparse.Namespace) -> int:
-    from harness.specs import KIND_FOLDERS, default_index
-
-    index = default_index()
-    for kind in KIND_FOLDERS:
-        for manifest in index.all(kind):
-            extra = f" [{manifest.framework}]" if kind == "model" else ""
-            print(f"{kind:<9} {manifest.ref:<32}{extra:<14} {manifest.path.relative_to(index.root.parent) if index.root.parent in manifest.path.parents else manifest.path}")
-    return 0
-
-
-def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from harness.manifests import load_manifest
-    from harness.specs import spec_files
-    from harness.validation import ManifestError
-
-    paths = [Path(p) for p in args.paths] or spec_files()
-    problems: list[str] = []
-    files: list[Path] = []
-    for path in paths:
-        files.extend(sorted(path.rglob("*.yaml")) if path.is_dir() else [path])
-    for path in files:
-        try:
-            load_manifest(path)
-        except ManifestError as exc:
-            problems.extend(exc.problems)
-        except UserError as exc:
-            problems.append(str(exc))
-    for line in problems:
-        print(line, file=sys.stderr)
-    if not problems:
-        print(f"{len(files)} manifest(s) valid")
-    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlharness", description="MLPerf-style inference benchmark harness")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run a model under LoadGen in one scenario and mode")
-    run.add_argument("model", help="model manifest name (under specs/models) or path")
-    run.add_argument("--dataset", help="dataset manifest name or path (default: the model's)")
-    run.add_argument("--scenario", required=True, choices=SCENARIOS)
-    run.add_argument("--mode", default="performance", choices=MODES)
-    run.add_argument("--backend", help="backend name (default: the model manifest's framework)")
-    run.add_argument("--software", help="software manifest (default: the one named after the backend)")
-    run.add_argument("--hardware", default="cpu", help="hardware manifest (default: cpu)")
-    run.add_argument("--reference", help="reference log to compare with (default: found by model/dataset/backend)")
-    run.add_argument("--quick", action="store_true", help="short smoke-run preset (scenarios/quick.yaml)")
-    run.add_argument("--preset", action="append", help="extra scenario preset from scenarios/ (repeatable)")
-    run.add_argument("--user-conf", help="LoadGen user.conf (model.Scenario.key = value)")
-    run.add_argument("--results-dir", default="results", help="results tree root (default: results)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
-    run.set_defaults(func=cmd_run)
-
-    specs = sub.add_parser("specs", help="list or validate manifests").add_subparsers(dest="specs_command", required=True)
-    specs.add_parser("list", help="list the manifests under specs/").set_defaults(func=cmd_specs_list)
-    validate = specs.add_parser("validate", help="validate manifest files (default: all of specs/)")
-    validate.add_argument("paths", nargs="*")
-    validate.set_defaults(func=cmd_specs_validate)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"harness.commands.{info.name}").register(sub)
     return parser
 
 

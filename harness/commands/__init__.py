@@ -1,0 +1,1 @@
+"""One module per command group; each defines `register(subparsers)`."""
