@@ -100,25 +100,29 @@ def extract(archive: Path, target: Path) -> Path:
             raise UserError(f"{archive}: member {name!r} would be extracted outside {target}")
         return dest
 
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for member in zf.namelist():
-                inside(member)
-            zf.extractall(staging)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            for member in tf.getmembers():
-                inside(member.name)
-                if member.issym() or member.islnk():
-                    link_base = (staging / member.name).parent if member.issym() else staging
-                    dest = (link_base / member.linkname).resolve()
-                    if staging.resolve() not in dest.parents:
-                        raise UserError(f"{archive}: link {member.name!r} points outside {target}")
-                if member.isdev():
-                    raise UserError(f"{archive}: device member {member.name!r} refused")
-            tf.extractall(staging)
-    else:
-        raise UserError(f"{archive}: not a tar or zip archive")
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                for member in zf.namelist():
+                    inside(member)
+                zf.extractall(staging)
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as tf:
+                for member in tf.getmembers():
+                    inside(member.name)
+                    if member.issym() or member.islnk():
+                        link_base = (staging / member.name).parent if member.issym() else staging
+                        dest = (link_base / member.linkname).resolve()
+                        if staging.resolve() not in dest.parents:
+                            raise UserError(f"{archive}: link {member.name!r} points outside {target}")
+                    if member.isdev():
+                        raise UserError(f"{archive}: device member {member.name!r} refused")
+                tf.extractall(staging)
+        else:
+            raise UserError(f"{archive}: not a tar or zip archive")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     done.touch()

@@ -36,6 +36,9 @@ def format_summary(record) -> str:
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
             if key in perf:
                 lines.append(f"  {key} : {perf[key]}")
+    for mode, logged in record.loadgen.items():
+        for error in logged.get("errors", [])[:3]:
+            lines.append(f"  LoadGen error ({mode}) : {error[:160]}")
     if record.accuracy:
         acc = record.accuracy
         values = ", ".join(f"{k}={v:.4f}" for k, v in acc["values"].items())
