@@ -1,0 +1,59 @@
+"""Named numeric figures of a run record, shared by the results database, sweeps, gates and reports.
+
+A figure is named `<scenario>.<key>` for LoadGen's performance figures (`offline.samples_per_second`,
+`server.p99_latency_ns`) and `accuracy.<name>` for accuracy values (`accuracy.top1`), so a gate rule
+names exactly what it checks."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+# Which way is better, by the figure's key (the part after the dot); checked in order.
+_HIGHER_IS_BETTER = ("per_second", "accuracy.", "qps")
+_LOWER_IS_BETTER = ("latency", "_ns", "seconds")
+
+# The headline figure of each scenario and whether a larger value is better.
+HEADLINE = {
+    "Offline": ("samples_per_second", True),
+    "Server": ("completed_samples_per_second", True),
+    "SingleStream": ("p90_latency_ns", False),
+    "MultiStream": ("p99_latency_ns", False),
+}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def flatten(record: Mapping[str, Any]) -> dict[str, float]:
+    """Every numeric performance and accuracy figure of a record (a RunRecord dict)."""
+    figures: dict[str, float] = {}
+    scenario = str(record.get("scenario") or "unknown").lower()
+    for key, value in (record.get("performance") or {}).items():
+        if key not in ("raw", "metric") and (number := _number(value)) is not None:
+            figures[f"{scenario}.{key}"] = number
+    accuracy = record.get("accuracy") or {}
+    for key, value in (accuracy.get("values") or {}).items():
+        if (number := _number(value)) is not None:
+            figures[f"accuracy.{key}"] = number
+    return figures
+
+
+def higher_is_better(name: str) -> bool:
+    """Direction of a figure by its name; throughput and accuracy up, latency and time down."""
+    if name.startswith("accuracy.") or any(part in name for part in _HIGHER_IS_BETTER):
+        return True
+    if any(part in name for part in _LOWER_IS_BETTER):
+        return False
+    return True
+
+
+def headline(record: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(figure name, value) of the scenario's headline metric, value None when the run has none."""
+    scenario = str(record.get("scenario") or "")
+    key, _ = HEADLINE.get(scenario, ("samples_per_second", True))
+    name = f"{scenario.lower()}.{key}"
+    return name, flatten(record).get(name)

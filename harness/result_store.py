@@ -1,0 +1,342 @@
+"""The results database: every run's record in one SQLite file (results/mlharness.sqlite by default).
+
+The full run.json is stored as JSON beside indexed columns for queries, and its numeric figures in
+`run_metrics`. The schema version is SQLite's `user_version`; older files are migrated forward
+one step at a time inside a transaction, newer files are refused rather than guessed at."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from harness import record_metrics
+from harness.errors import UserError
+
+DB_FILENAME = "mlharness.sqlite"
+DB_ENV = "MLHARNESS_DB"
+
+# Version 1: runs, their figures, and a key/value table.
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE runs (
+  run_id TEXT PRIMARY KEY,
+  started_at TEXT, finished_at TEXT,
+  status TEXT NOT NULL, error TEXT,
+  model TEXT, model_version TEXT, model_sha256 TEXT,
+  dataset TEXT, dataset_sha256 TEXT,
+  backend TEXT, scenario TEXT, mode TEXT,
+  system_name TEXT, results_path TEXT,
+  metric_name TEXT, metric_value REAL, result_valid INTEGER,
+  record_schema_version INTEGER,
+  record_json TEXT NOT NULL
+);
+CREATE INDEX runs_lookup ON runs (model, scenario, backend, status, started_at);
+CREATE TABLE run_metrics (
+  run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+  name TEXT NOT NULL, value REAL NOT NULL,
+  PRIMARY KEY (run_id, name)
+);
+"""
+
+# Version 2: sweeps. Runs gain the sweep cell they ran for and their batch size and thread count
+# (backfilled from the stored JSON), so sweep tables and plots need no JSON parsing.
+_V2 = """
+ALTER TABLE runs ADD COLUMN sweep_id TEXT;
+ALTER TABLE runs ADD COLUMN cell_key TEXT;
+ALTER TABLE runs ADD COLUMN repeat_index INTEGER;
+ALTER TABLE runs ADD COLUMN batch_size INTEGER;
+ALTER TABLE runs ADD COLUMN threads INTEGER;
+CREATE INDEX runs_sweep ON runs (sweep_id, cell_key);
+CREATE TABLE sweeps (
+  sweep_id TEXT PRIMARY KEY, name TEXT, grid_path TEXT, grid_json TEXT,
+  created_at TEXT, updated_at TEXT
+);
+CREATE TABLE sweep_cells (
+  sweep_id TEXT NOT NULL REFERENCES sweeps (sweep_id) ON DELETE CASCADE,
+  cell_key TEXT NOT NULL, repeat_index INTEGER NOT NULL,
+  params_json TEXT NOT NULL, status TEXT NOT NULL, run_id TEXT,
+  error TEXT, stderr TEXT, started_at TEXT, finished_at TEXT, seconds REAL,
+  PRIMARY KEY (sweep_id, cell_key, repeat_index)
+);
+"""
+
+
+def _batch_and_threads(record: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    harness_settings = (record.get("settings") or {}).get("harness") or {}
+    backend_info = record.get("backend_info") or {}
+    batch = harness_settings.get("max_batch_size")
+    threads = harness_settings.get("intra_op_threads", backend_info.get("intra_op_threads"))
+    return (int(batch) if batch is not None else None, int(threads) if threads is not None else None)
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    """Statement by statement: executescript() would commit the migration's open transaction."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    _run_script(conn, _V2)
+    for run_id, text in conn.execute("SELECT run_id, record_json FROM runs").fetchall():
+        batch, threads = _batch_and_threads(json.loads(text))
+        conn.execute("UPDATE runs SET batch_size = ?, threads = ? WHERE run_id = ?", (batch, threads, run_id))
+
+
+# MIGRATIONS[n] takes a version-n database to version n+1; version 0 is an empty file.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    lambda conn: _run_script(conn, _V1),
+    _migrate_v2,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_db_path(results_dir: Path | str) -> Path:
+    """$MLHARNESS_DB when set, else mlharness.sqlite under the results directory."""
+    env = os.environ.get(DB_ENV)
+    return Path(env) if env else Path(results_dir) / DB_FILENAME
+
+
+def resolve_db_path(db: str | Path | None, results_dir: Path | str) -> Path:
+    return Path(db) if db else default_db_path(results_dir)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, path: Path, target: int = SCHEMA_VERSION) -> int:
+    """Bring the database up to `target`, one transaction per step; refuse a newer file."""
+    version = schema_version(conn)
+    if version > SCHEMA_VERSION:
+        raise UserError(f"{path}: results database schema version {version} is newer than this mlharness "
+                        f"supports ({SCHEMA_VERSION}); upgrade mlharness or pass another --db")
+    while version < target:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if schema_version(conn) == version:  # another process may have migrated it meanwhile
+                MIGRATIONS[version](conn)
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version = schema_version(conn)
+    return version
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    model: str | None = None
+    scenario: str | None = None
+    backend: str | None = None
+    status: str | None = None
+    mode: str | None = None
+    sweep: str | None = None
+    system: str | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        columns = {"model": "model", "scenario": "scenario", "backend": "backend", "status": "status",
+                   "mode": "mode", "sweep": "sweep_id", "system": "system_name"}
+        clauses, params = [], []
+        for field_name, column in columns.items():
+            value = getattr(self, field_name)
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+class ResultStore:
+    """One open results database; use as a context manager."""
+
+    def __init__(self, path: Path | str, create: bool = True):
+        self.path = Path(path)
+        if not self.path.exists():
+            if not create:
+                raise UserError(f"{self.path}: no results database here (run something first, or pass --db)")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # isolation_level=None: transactions are explicit, so a migration is one atomic step.
+            self.conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self.conn, self.path)
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"{self.path}: not a usable results database ({exc})") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "ResultStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _transaction(self) -> "_Transaction":
+        return _Transaction(self.conn)
+
+    # ---- runs ---------------------------------------------------------------------------------
+
+    def add_run(self, record: Mapping[str, Any]) -> None:
+        """Insert or update one run record (a RunRecord dict); its sweep columns are kept."""
+        model, dataset = record.get("model") or {}, record.get("dataset") or {}
+        performance = record.get("performance") or {}
+        metric_name, metric_value = record_metrics.headline(record)
+        batch, threads = _batch_and_threads(record)
+        row = {
+            "run_id": record["run_id"], "started_at": record.get("started_at"),
+            "finished_at": record.get("finished_at"), "status": record.get("status") or "unknown",
+            "error": record.get("error"), "model": model.get("name"), "model_version": model.get("version"),
+            "model_sha256": model.get("sha256"), "dataset": dataset.get("name"),
+            "dataset_sha256": dataset.get("sha256"), "backend": record.get("backend"),
+            "scenario": record.get("scenario"), "mode": record.get("mode"),
+            "system_name": record.get("system_name"), "results_path": record.get("results_path"),
+            "metric_name": metric_name, "metric_value": metric_value,
+            "result_valid": int(bool(performance.get("valid"))) if performance else None,
+            "record_schema_version": record.get("schema_version"),
+            "record_json": json.dumps(record, default=str, sort_keys=True),
+            "batch_size": batch, "threads": threads,
+        }
+        columns = ", ".join(row)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in row if c != "run_id")
+        with self._transaction():
+            self.conn.execute(f"INSERT INTO runs ({columns}) VALUES ({', '.join('?' * len(row))}) "
+                              f"ON CONFLICT (run_id) DO UPDATE SET {updates}", list(row.values()))
+            self.conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (record["run_id"],))
+            self.conn.executemany("INSERT INTO run_metrics (run_id, name, value) VALUES (?, ?, ?)",
+                                  [(record["run_id"], k, v) for k, v in record_metrics.flatten(record).items()])
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """The full record of a run by id or a unique id prefix."""
+        rows = self.conn.execute("SELECT run_id, record_json FROM runs WHERE run_id = ? OR run_id LIKE ? "
+                                 "ORDER BY run_id LIMIT 3", (run_id, _like_prefix(run_id))).fetchall()
+        exact = [r for r in rows if r["run_id"] == run_id]
+        if exact:
+            rows = exact
+        if not rows:
+            raise UserError(f"{self.path}: no run with id {run_id!r}")
+        if len(rows) > 1:
+            raise UserError(f"{self.path}: run id prefix {run_id!r} is ambiguous "
+                            f"({', '.join(r['run_id'] for r in rows)}, ...)")
+        return json.loads(rows[0]["record_json"])
+
+    def list_runs(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[sqlite3.Row]:
+        """Index rows, newest first."""
+        where, params = flt.where()
+        sql = f"SELECT * FROM runs{where} ORDER BY started_at DESC, run_id DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return self.conn.execute(sql, params).fetchall()
+
+    def records(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[dict[str, Any]]:
+        return [json.loads(row["record_json"]) for row in self.list_runs(flt, limit)]
+
+    def run_metrics(self, run_id: str) -> dict[str, float]:
+        rows = self.conn.execute("SELECT name, value FROM run_metrics WHERE run_id = ?", (run_id,))
+        return {r["name"]: r["value"] for r in rows}
+
+    def tag_run(self, run_id: str, sweep_id: str, cell_key: str, repeat_index: int) -> None:
+        with self._transaction():
+            self.conn.execute("UPDATE runs SET sweep_id = ?, cell_key = ?, repeat_index = ? WHERE run_id = ?",
+                              (sweep_id, cell_key, repeat_index, run_id))
+
+    # ---- sweeps -------------------------------------------------------------------------------
+
+    def start_sweep(self, sweep_id: str, name: str, grid_path: str, grid: Mapping[str, Any], now: str) -> None:
+        with self._transaction():
+            self.conn.execute(
+                "INSERT INTO sweeps (sweep_id, name, grid_path, grid_json, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (sweep_id) DO UPDATE SET name = excluded.name, "
+                "grid_path = excluded.grid_path, grid_json = excluded.grid_json, updated_at = excluded.updated_at",
+                (sweep_id, name, grid_path, json.dumps(grid, sort_keys=True, default=str), now, now))
+
+    def record_cell(self, sweep_id: str, cell_key: str, repeat_index: int, params: Mapping[str, Any],
+                    status: str, run_id: str | None, error: str | None, stderr: str | None,
+                    started_at: str, finished_at: str, seconds: float) -> None:
+        with self._transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO sweep_cells (sweep_id, cell_key, repeat_index, params_json, status, run_id, "
+                "error, stderr, started_at, finished_at, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, cell_key, repeat_index, json.dumps(params, sort_keys=True), status, run_id, error,
+                 stderr, started_at, finished_at, seconds))
+            if run_id:
+                self.conn.execute("UPDATE runs SET sweep_id = ?, cell_key = ?, repeat_index = ? WHERE run_id = ?",
+                                  (sweep_id, cell_key, repeat_index, run_id))
+
+    def finished_cells(self, sweep_id: str) -> dict[tuple[str, int], str]:
+        rows = self.conn.execute("SELECT cell_key, repeat_index, status FROM sweep_cells WHERE sweep_id = ?",
+                                 (sweep_id,))
+        return {(r["cell_key"], r["repeat_index"]): r["status"] for r in rows}
+
+    def sweep_cells(self, sweep_id: str) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM sweep_cells WHERE sweep_id = ? ORDER BY started_at, cell_key, "
+                                 "repeat_index", (sweep_id,)).fetchall()
+
+    def get_sweep(self, sweep_id: str) -> sqlite3.Row:
+        row = self.conn.execute("SELECT * FROM sweeps WHERE sweep_id = ?", (sweep_id,)).fetchone()
+        if row is None:
+            known = ", ".join(r["sweep_id"] for r in self.list_sweeps()) or "none"
+            raise UserError(f"{self.path}: no sweep {sweep_id!r} (known: {known})")
+        return row
+
+    def list_sweeps(self) -> list[sqlite3.Row]:
+        return self.conn.execute(
+            "SELECT s.*, (SELECT COUNT(*) FROM sweep_cells c WHERE c.sweep_id = s.sweep_id) AS cells, "
+            "(SELECT COUNT(*) FROM sweep_cells c WHERE c.sweep_id = s.sweep_id AND c.status = 'ok') AS ok "
+            "FROM sweeps s ORDER BY updated_at DESC").fetchall()
+
+
+class _Transaction:
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _like_prefix(prefix: str) -> str:
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def record_run(results_dir: Path, record: Any) -> None:
+    """Store a finished run (ok or failed); called by the runner after every run."""
+    data = record.to_dict() if hasattr(record, "to_dict") else dict(record)
+    with ResultStore(default_db_path(results_dir)) as store:
+        store.add_run(data)
+
+
+def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
+    """Add run.json files (or every run.json below a folder) to the database; returns their ids."""
+    added = []
+    for path in paths:
+        files = sorted(path.rglob("run.json")) if path.is_dir() else [path]
+        for file in files:
+            added.append(store_record_file(store, file))
+    return added
+
+
+def store_record_file(store: ResultStore, path: Path) -> str:
+    record = load_record_file(path)
+    store.add_run(record)
+    return record["run_id"]
+
+
+def load_record_file(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read run record: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON: line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        raise UserError(f"{path}: run_id: expected a run record (run.json) with a run_id")
+    return record
