@@ -57,7 +57,6 @@ class SystemUnderTest:
         self.observer = observer
         self.failure: SampleError | BaseException | None = None
         self.inline = scenario in INLINE_SCENARIOS
-        self.completed_samples = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
@@ -168,7 +167,6 @@ class SystemUnderTest:
             self._fail(sample_indices, stage, exc)
             self._complete_empty(query_ids)
             return
-        self.completed_samples += len(query_ids)
         if self.observer is not None:
             self.observer.batch(BatchTimes(worker, sample_indices, issued, started, gathered, predicted,
                                            postprocessed, time.perf_counter_ns()))
