@@ -1,0 +1,45 @@
+"""`mlharness sweep GRID.yaml`: run a grid of configurations, one worker process per cell."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.commands.results import add_db_arguments
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from harness.result_store import ResultStore, resolve_db_path
+    from harness.sweep import SweepOptions, best_table, run_sweep, sweep_rows
+
+    options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
+                           sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
+                           repeat=args.repeat, timeout_s=args.timeout, quick=True if args.quick else None,
+                           extra_settings=args.set or [], dry_run=args.dry_run)
+    result = run_sweep(Path(args.grid), options)
+    if args.dry_run:
+        return 0
+    with ResultStore(options.db_path) as store:
+        rows = sweep_rows(store, result.sweep_id)
+    failed = sum(1 for row in rows if row["row"]["status"] != "ok")
+    print(f"sweep {result.sweep_id}: {len(result.outcomes)} ran now, {result.skipped} skipped as finished, "
+          f"{failed} failed cell run(s) in total; database {options.db_path}")
+    print("best configuration per scenario and model:")
+    print(best_table(rows))
+    return 1 if failed and args.strict else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sweep = sub.add_parser("sweep", help="run a grid of models x backends x scenarios x settings")
+    sweep.add_argument("grid", help="sweep grid YAML (see scenarios/sweep-example.yaml)")
+    sweep.add_argument("--sweep-id", help="id to record the cells under (default: the grid's name); "
+                                          "running the same id again resumes it")
+    sweep.add_argument("--rerun", action="store_true", help="run every cell again, finished or not")
+    sweep.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    sweep.add_argument("--repeat", type=int, help="runs per cell (default: the grid's repeat, else 1)")
+    sweep.add_argument("--timeout", type=float, help="seconds per cell run before it is stopped")
+    sweep.add_argument("--quick", action="store_true", help="short smoke-run preset for every cell")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="setting for every cell (repeatable)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the cells and whether they are finished")
+    sweep.add_argument("--strict", action="store_true", help="exit 1 when any cell failed")
+    add_db_arguments(sweep)
+    sweep.set_defaults(func=cmd_sweep)

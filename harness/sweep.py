@@ -1,0 +1,269 @@
+"""Run a sweep grid: each cell in its own worker process with a timeout, recorded in the results
+database. A failing cell is data (status, error, stderr) and the sweep goes on; finished cells are
+skipped when the same sweep id is run again, so an interrupted sweep resumes where it stopped."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness import record_metrics
+from harness.errors import UserError
+from harness.result_store import DB_ENV, ResultStore
+from harness.run_record import utc_now
+from harness.sweep_grid import Cell, Grid, load_grid
+from harness.tables import format_table
+
+STDERR_KEPT_CHARS = 8000  # the tail of a failed cell's stderr kept in the database
+
+
+@dataclass
+class SweepOptions:
+    results_dir: Path
+    db_path: Path
+    sweep_id: str | None = None
+    rerun: bool = False
+    retry_failed: bool = False
+    repeat: int | None = None
+    timeout_s: float | None = None
+    quick: bool | None = None
+    extra_settings: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+@dataclass
+class CellOutcome:
+    cell: Cell
+    repeat_index: int
+    status: str
+    run_id: str | None
+    error: str | None
+    seconds: float
+
+
+@dataclass
+class SweepResult:
+    sweep_id: str
+    planned: int
+    skipped: int
+    outcomes: list[CellOutcome]
+
+    @property
+    def failed(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if o.status != "ok"]
+
+
+def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
+    cells = []
+    for cell in grid.cells:
+        overrides = dict(item.partition("=")[::2] for item in cell.overrides)
+        for item in options.extra_settings:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise UserError(f"--set {item!r}: expected key=value")
+            overrides[key.strip()] = value.strip()
+        quick = cell.quick if options.quick is None else options.quick
+        cells.append(Cell(model=cell.model, backend=cell.backend, scenario=cell.scenario, mode=cell.mode,
+                          quick=quick, presets=cell.presets, profile=cell.profile,
+                          overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items()))))
+    return cells
+
+
+class Progress:
+    """A one-line progress bar with an ETA on stderr: redrawn in place on a terminal, a line per cell otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 24):
+        self.total, self.stream, self.width = total, stream, width
+        self.done, self.started = 0, time.monotonic()
+        self.durations: list[float] = []
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def _bar(self) -> str:
+        filled = int(self.width * self.done / self.total) if self.total else self.width
+        elapsed = time.monotonic() - self.started
+        eta = _clock(statistics.mean(self.durations) * (self.total - self.done)) if self.durations else "?"
+        pct = 100 * self.done // self.total if self.total else 100
+        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {pct:3d}%  "
+                f"elapsed {_clock(elapsed)}  ETA {eta}")
+
+    def starting(self, label: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r\033[K{self._bar()}  running {label}")
+            self.stream.flush()
+
+    def finished(self, label: str, status: str, seconds: float) -> None:
+        self.done += 1
+        self.durations.append(seconds)
+        prefix = "\r\033[K" if self.tty else ""
+        self.stream.write(f"{prefix}{self._bar()}  {label}: {status} ({seconds:.1f} s)\n")
+        self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one cell in a fresh interpreter; returns {status, run_id, error, stderr}."""
+    with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:
+        cell_file, out_file = Path(tmp) / "cell.json", Path(tmp) / "out.json"
+        cell_file.write_text(json.dumps(cell.params()))
+        env = dict(os.environ, **{DB_ENV: str(db_path.resolve())})
+        with open(Path(tmp) / "stdout", "wb") as out, open(Path(tmp) / "stderr", "wb") as err:
+            # Its own session, so a timeout stops LoadGen's and the backend's threads with it.
+            proc = subprocess.Popen([sys.executable, "-m", "harness.sweep_worker", str(cell_file), str(out_file),
+                                     str(results_dir.resolve())], stdout=out, stderr=err, env=env,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                code, timed_out = proc.returncode, True
+            except BaseException:
+                _stop(proc)
+                raise
+        stderr = (Path(tmp) / "stderr").read_text(errors="replace")[-STDERR_KEPT_CHARS:]
+        if timed_out:
+            return {"status": "failed", "run_id": None, "error": f"timed out after {timeout_s:g} s", "stderr": stderr}
+        if out_file.is_file():
+            return {**json.loads(out_file.read_text()), "stderr": stderr}
+        return {"status": "failed", "run_id": None, "error": f"worker exited with code {code} and no result",
+                "stderr": stderr}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO = sys.stderr) -> SweepResult:
+    """Run every cell x repeat not already finished in this sweep id; returns what ran."""
+    grid = load_grid(grid_path)
+    cells = _with_options(grid, options)
+    repeat = options.repeat or grid.repeat
+    timeout_s = options.timeout_s or grid.timeout_s
+    sweep_id = options.sweep_id or grid.name
+    plan = [(cell, i) for cell in cells for i in range(repeat)]
+    with ResultStore(options.db_path) as store:
+        done = store.finished_cells(sweep_id)
+        if options.dry_run:
+            for cell, i in plan:
+                state = done.get((cell.key, i), "to run")
+                print(f"{cell.key}  repeat {i}  {cell.label()}  [{state}]", file=stream)
+            return SweepResult(sweep_id, len(plan), len(plan), [])
+        todo = [(cell, i) for cell, i in plan
+                if options.rerun or done.get((cell.key, i)) is None
+                or (options.retry_failed and done.get((cell.key, i)) != "ok")]
+        # The plan is stored so the sweep's tables show the current grid's cells, not cells of edits past.
+        store.start_sweep(sweep_id, grid.name, str(grid.path),
+                          {"grid": grid.document, "repeat": repeat, "cells": sorted({c.key for c in cells})}, utc_now())
+    print(f"sweep {sweep_id}: {len(plan)} cell run(s), {len(plan) - len(todo)} already finished, "
+          f"{len(todo)} to run (timeout {timeout_s:g} s each)", file=stream)
+    progress = Progress(len(todo), stream)
+    outcomes = []
+    for cell, repeat_index in todo:
+        label = cell.label() + (f" #{repeat_index + 1}" if repeat > 1 else "")
+        progress.starting(label)
+        started_at, start = utc_now(), time.monotonic()
+        result = run_cell_process(cell, options.results_dir, options.db_path, timeout_s)
+        seconds = time.monotonic() - start
+        with ResultStore(options.db_path) as store:
+            store.record_cell(sweep_id, cell.key, repeat_index, cell.params(), result["status"], result.get("run_id"),
+                              result.get("error"), result.get("stderr") if result["status"] != "ok" else None,
+                              started_at, utc_now(), round(seconds, 3))
+        outcomes.append(CellOutcome(cell, repeat_index, result["status"], result.get("run_id"), result.get("error"),
+                                    seconds))
+        status = result["status"] if result["status"] == "ok" else f"FAILED: {result.get('error')}"
+        progress.finished(label, status, seconds)
+    return SweepResult(sweep_id, len(plan), len(plan) - len(todo), outcomes)
+
+
+# ---- reading a sweep back --------------------------------------------------------------------
+
+
+def sweep_rows(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
+    """Every recorded cell run of a sweep with its record (None when the cell failed before a run existed)."""
+    plan = json.loads(store.get_sweep(sweep_id)["grid_json"] or "{}")
+    planned, repeat = set(plan.get("cells") or []), int(plan.get("repeat") or 0)
+    rows = []
+    for cell_row in store.sweep_cells(sweep_id):
+        if planned and (cell_row["cell_key"] not in planned or cell_row["repeat_index"] >= repeat):
+            continue
+        record = None
+        if cell_row["run_id"]:
+            try:
+                record = store.get_run(cell_row["run_id"])
+            except UserError:
+                record = None
+        rows.append({"cell": Cell.from_params(json.loads(cell_row["params_json"])), "row": cell_row,
+                     "record": record})
+    return rows
+
+
+def best_configurations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario and model: the cell with the best median headline figure over its ok repeats."""
+    by_cell: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        record = row["record"]
+        if row["row"]["status"] != "ok" or record is None:
+            continue
+        name, value = record_metrics.headline(record)
+        if value is None:
+            continue
+        entry = by_cell.setdefault(row["cell"].key, {"cell": row["cell"], "metric": name, "values": [],
+                                                     "backend": record.get("backend")})
+        entry["values"].append(value)
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in by_cell.values():
+        entry["median"] = statistics.median(entry["values"])
+        group = (entry["cell"].scenario, entry["cell"].model)
+        higher = record_metrics.higher_is_better(entry["metric"])
+        current = best.get(group)
+        if current is None or (entry["median"] > current["median"] if higher else entry["median"] < current["median"]):
+            best[group] = entry
+    return [best[k] for k in sorted(best)]
+
+
+def best_table(rows: list[dict[str, Any]]) -> str:
+    table = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
+              e["cell"].setting("intra_op_threads"),
+              " ".join(o for o in e["cell"].overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))),
+              e["metric"].partition(".")[2], e["median"], len(e["values"])) for e in best_configurations(rows)]
+    if not table:
+        return "no successful cells: no best configuration"
+    return format_table(("scenario", "model", "backend", "batch", "threads", "other settings", "metric",
+                         "median", "runs"), table)
+
+
+def sweep_summary(store: ResultStore, sweep_id: str) -> str:
+    rows = sweep_rows(store, sweep_id)
+    table = []
+    for row in rows:
+        cell, cell_row, record = row["cell"], row["row"], row["record"]
+        value = record_metrics.headline(record)[1] if record else None
+        error = (cell_row["error"] or "")[:80] or None
+        table.append((cell.key[:8], cell_row["repeat_index"], cell.label(), cell_row["status"], cell_row["seconds"],
+                      value, cell_row["run_id"], error))
+    return "\n".join([f"sweep {sweep_id}: {len(rows)} cell run(s)",
+                      format_table(("cell", "rep", "configuration", "status", "seconds", "headline", "run id",
+                                    "error"), table),
+                      "", "best configuration per scenario and model:", best_table(rows)])
