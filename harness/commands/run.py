@@ -19,9 +19,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         presets=args.preset or [], user_conf=Path(args.user_conf) if args.user_conf else None,
         results_dir=Path(args.results_dir), overrides=args.set or [],
         command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
+    tests = []
+    if getattr(args, "compliance", None):
+        from harness.submission.compliance import parse_tests
+
+        tests = parse_tests(args.compliance)  # before the run: a typo must not cost a long run
     record = run(request)
     print(format_summary(record))
     verdict = (record.accuracy or {}).get("verdict")
+    if tests:
+        from harness.submission.compliance import format_outcomes, run_compliance
+
+        outcomes = run_compliance(request, tests, Path(record.results_path))
+        print(format_outcomes(outcomes))
+        verdict = "FAIL" if any(o["verdict"] == "FAIL" for o in outcomes.values()) else verdict
     return 1 if verdict == "FAIL" else 0
 
 
@@ -101,6 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--user-conf", help="LoadGen user.conf (model.Scenario.key = value)")
     run.add_argument("--results-dir", default="results", help="results tree root (default: results)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
+    run.add_argument("--compliance", metavar="TESTS",
+                     help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
     run.set_defaults(func=cmd_run)
 
     specs = sub.add_parser("specs", help="list or validate manifests").add_subparsers(dest="specs_command", required=True)

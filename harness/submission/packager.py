@@ -1,0 +1,278 @@
+"""`mlharness submission package`: assemble an MLCommons Inference v6.x tree from recorded runs.
+
+The tree is built in a staging folder beside the output and moved into place when complete, so
+an interrupted or refused packaging leaves nothing half written. Runs that LoadGen marked INVALID
+or that overrode protected settings (durations, seeds, sample counts) are refused unless
+allow_invalid, which marks the tree NOT_FOR_SUBMISSION."""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.atomic_io import write_json, write_text
+from harness.errors import UserError
+from harness.loadgen_logs import parse_summary
+from harness.settings import PROTECTED_KEYS, Settings
+from harness.submission import accuracy_txt, system_json
+from harness.submission.layout import SubmitterTree
+from harness.submission.rules import ALIASES, BENCHMARKS, COMPLIANCE_FILES, DIVISIONS, PERFORMANCE_FILES
+from harness.submission.runs import ScenarioRuns, collect
+
+PROVENANCE_SCHEMA_VERSION = 1
+REPO = Path(__file__).resolve().parent.parent.parent
+CODE_GLOBS = ("harness/**/*.py", "sut/**/*.py", "native/**/*.c", "native/**/*.h", "scenarios/*.yaml",
+              "pyproject.toml")
+
+
+@dataclass
+class PackageOptions:
+    division: str
+    submitter: str
+    out: Path
+    results_dir: Path = Path("results")
+    system: str | None = None            # the system's name in the submission
+    results_system: str | None = None    # the system folder in the results tree
+    models: list[str] = field(default_factory=list)
+    scenarios: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    allow_invalid: bool = False
+    system_fields: dict[str, str] = field(default_factory=dict)
+    force: bool = False
+
+
+@dataclass
+class PackageResult:
+    tree: SubmitterTree
+    not_for_submission: list[str]
+    undetected_fields: list[str]
+
+
+def overridden(record: dict[str, Any] | None) -> list[str]:
+    """Protected LoadGen keys a run set itself (any layer above LoadGen's mlperf.conf)."""
+    loadgen = ((record or {}).get("settings") or {}).get("loadgen") or {}
+    return sorted(k for k in loadgen if k in PROTECTED_KEYS)
+
+
+def _benchmark_of(record: dict[str, Any] | None) -> str | None:
+    """The model manifest's mlperf_benchmark, mapped to the official name."""
+    path = ((record or {}).get("model") or {}).get("path")
+    if not path or not Path(path).is_file():
+        return None
+    from harness.manifests import load_manifest
+
+    name = load_manifest(Path(path), "model").mlperf_benchmark
+    name = ALIASES.get(name, name) if name else None
+    return name if name in BENCHMARKS else None
+
+
+def run_problems(runs: ScenarioRuns) -> list[str]:
+    """Why these runs are not submission-grade (INVALID, protected overrides); empty when they are."""
+    where = runs.path
+    problems = []
+    summary = where / "performance" / "run_1" / "mlperf_log_summary.txt"
+    result = parse_summary(summary).get("result") if summary.is_file() else None
+    if result != "VALID":
+        problems.append(f"{summary}: LoadGen result is {result or 'missing'}, expected VALID")
+    for kind, record in (("performance", runs.performance), ("accuracy", runs.accuracy)):
+        keys = overridden(record)
+        if keys:
+            problems.append(f"{where}: {kind} run {record['run_id']} overrode protected settings "
+                            f"{', '.join(keys)} (layers: {', '.join(_origins(record, keys))})")
+    return problems
+
+
+def _origins(record: dict[str, Any], keys: list[str]) -> list[str]:
+    origin = (record.get("settings") or {}).get("origin") or {}
+    return sorted({f"{k}<-{origin.get(k, '?')}" for k in keys})
+
+
+def _missing_runs(runs: ScenarioRuns) -> list[str]:
+    problems = []
+    for name in PERFORMANCE_FILES:
+        if not (runs.path / "performance" / "run_1" / name).is_file():
+            problems.append(f"{runs.path / 'performance' / 'run_1' / name}: missing: no performance run to package")
+    if not (runs.path / "accuracy" / "mlperf_log_accuracy.json").is_file():
+        problems.append(f"{runs.path / 'accuracy'}: missing: no accuracy run to package "
+                        f"(mlharness run ... --mode accuracy)")
+    return problems
+
+
+def package(options: PackageOptions) -> PackageResult:
+    if options.division not in DIVISIONS:
+        raise UserError(f"--division: expected one of {', '.join(DIVISIONS)}, got {options.division!r}")
+    if not options.submitter or "/" in options.submitter:
+        raise UserError(f"--submitter: expected a folder name, got {options.submitter!r}")
+    chosen = collect(Path(options.results_dir), system=options.results_system, models=options.models or None,
+                     scenarios=options.scenarios or None, pinned=options.runs)
+    hard = [p for runs in chosen for p in _missing_runs(runs)]
+    if hard:
+        raise UserError(f"{len(hard)} problem(s); first: {hard[0]}" if len(hard) > 1 else hard[0])
+    soft = [p for runs in chosen for p in run_problems(runs)]
+    if soft and not options.allow_invalid:
+        raise UserError(f"refusing to package runs that are not submission-grade ({len(soft)} problem(s)); "
+                        f"first: {soft[0]}; pass --allow-invalid to package them marked NOT_FOR_SUBMISSION")
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    final = SubmitterTree(out, options.division, options.submitter)
+    if final.base.exists() and not options.force:
+        raise UserError(f"{final.base}: already exists; pass --force to replace it")
+    staging_root = out / f".staging-{secrets.token_hex(4)}"
+    try:
+        staged = SubmitterTree(staging_root, options.division, options.submitter)
+        undetected = _build(staged, chosen, options, soft)
+        _move_into_place(staged, final)
+    finally:
+        shutil.rmtree(staging_root, ignore_errors=True)
+    return PackageResult(final, soft, undetected)
+
+
+def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOptions, soft: list[str]) -> list[str]:
+    system = options.system or chosen[0].system
+    mapping: dict[str, str] = {}
+    entries = []
+    for runs in chosen:
+        benchmark = _benchmark_of(runs.performance or runs.accuracy)
+        if options.division == "closed":
+            if not benchmark:
+                raise UserError(f"{runs.path}: model {runs.model!r} names no known mlperf_benchmark; the closed "
+                                f"division needs one of {', '.join(BENCHMARKS)}")
+            folder = benchmark
+        else:
+            folder = runs.model
+            if benchmark:
+                mapping[runs.model] = benchmark
+        dest = tree.scenario(system, folder, runs.scenario)
+        _copy_scenario(runs, dest, tree.full_accuracy_log(system, folder, runs.scenario))
+        entries.append(_provenance_entry(runs, folder, benchmark, dest.relative_to(tree.base)))
+    records = [r for runs in chosen for r in (runs.performance, runs.accuracy) if r]
+    desc = system_json.describe(
+        division=options.division, submitter=options.submitter, system_name=system,
+        detected=(records[0].get("system") if records else {}) or {},
+        software=((records[0].get("software") or {}).get("versions") if records else {}) or {},
+        backends=[r.get("backend", "") for r in records],
+        hardware_refs=[f"{(r.get('hardware') or {}).get('name')}@{(r.get('hardware') or {}).get('version')}"
+                       for r in records], fields=options.system_fields)
+    write_json(tree.system_json(system), desc)
+    if options.division == "open" and mapping:
+        write_json(tree.model_mapping, mapping)
+    _copy_sources(tree, records)
+    write_json(tree.provenance, {
+        "schema_version": PROVENANCE_SCHEMA_VERSION, "tool": "mlharness", "division": options.division,
+        "submitter": options.submitter, "system": system, "not_for_submission": bool(soft),
+        "reasons": soft, "entries": entries})
+    if soft:
+        write_text(tree.marker, "NOT FOR SUBMISSION: packaged with --allow-invalid from runs that are not "
+                                "submission-grade:\n" + "\n".join(f"- {p}" for p in soft) + "\n")
+    return system_json.undetected(desc)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _copy_scenario(runs: ScenarioRuns, dest: Path, full_log: Path) -> None:
+    src = runs.path
+    for name in PERFORMANCE_FILES:
+        _copy(src / "performance" / "run_1" / name, dest / "performance" / "run_1" / name)
+    for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
+        _copy(src / "accuracy" / name, dest / "accuracy" / name)
+    accuracy_txt.write_packaged_accuracy(src / "accuracy", dest / "accuracy", full_log)
+    _copy(src / "measurements.json", dest / "measurements.json")
+    write_text(dest / "user.conf", _user_conf(runs))
+    write_text(dest / "README.md", _readme(runs))
+    for test, files in COMPLIANCE_FILES.items():
+        if (src / test).is_dir():
+            for name in files:
+                if (src / test / name).is_file():
+                    _copy(src / test / name, dest / test / name)
+
+
+def _user_conf(runs: ScenarioRuns) -> str:
+    """The user.conf the performance run applied (rebuilt from its record), else the tree's copy."""
+    settings = (runs.performance or {}).get("settings")
+    if settings and "conf_model" in settings:
+        return Settings(scenario=settings["scenario"], mode=settings.get("mode", "performance"),
+                        conf_model=settings["conf_model"], loadgen=dict(settings.get("loadgen") or {}),
+                        layers=list(settings.get("layers") or [])[1:]).user_conf_text()
+    return (runs.path / "user.conf").read_text()
+
+
+def _readme(runs: ScenarioRuns) -> str:
+    perf, acc = runs.performance or {}, runs.accuracy or {}
+    model = perf.get("model") or acc.get("model") or {"name": runs.model}
+    lines = [f"# {model.get('name')} {model.get('version', '')} — {runs.scenario}", ""]
+    lines += [f"Measured with mlharness on {perf.get('system_name') or runs.system}; backend "
+              f"{perf.get('backend') or acc.get('backend', '?')}; model manifest sha256 {model.get('sha256', '?')}.", ""]
+    for title, record in (("Performance", perf), ("Accuracy", acc)):
+        if record:
+            lines += [f"## {title} (run {record['run_id']}, {record.get('started_at', '')})", "",
+                      "Reproduce with:", "", "```", record.get("command") or "(command not recorded)", "```", ""]
+    if runs.compliance:
+        lines += ["## Compliance", ""]
+        command = perf.get("command") or "mlharness run ..."
+        tests = ",".join(runs.compliance)
+        lines += [f"- {test}: {o.get('verdict')} (audit run {o.get('run_id')})" for test, o in runs.compliance.items()]
+        lines += ["", "Reproduce with:", "", "```",
+                  command if "--compliance" in command else f"{command} --compliance {tests}", "```", ""]
+    versions = ((perf or acc).get("software") or {}).get("versions") or {}
+    if versions:
+        lines += ["## Software", ""] + [f"- {k} {v}" for k, v in sorted(versions.items())] + [""]
+    return "\n".join(lines)
+
+
+def _provenance_entry(runs: ScenarioRuns, folder: str, benchmark: str | None, where: Path) -> dict[str, Any]:
+    def run_info(record: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not record:
+            return None
+        return {"run_id": record["run_id"], "mode": record.get("mode"), "status": record.get("status"),
+                "command": record.get("command"), "result": (record.get("performance") or {}).get("result"),
+                "overridden_protected": overridden(record),
+                "settings_origin": (record.get("settings") or {}).get("origin") or {}}
+    return {"folder": str(where), "model": runs.model, "benchmark": benchmark, "scenario": runs.scenario,
+            "source": str(runs.path), "performance": run_info(runs.performance),
+            "accuracy": run_info(runs.accuracy), "compliance": runs.compliance}
+
+
+def _copy_sources(tree: SubmitterTree, records: list[dict[str, Any]]) -> None:
+    """src/: the harness code that ran and every manifest the runs named (with their hashes)."""
+    for pattern in CODE_GLOBS:
+        for path in sorted(REPO.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                _copy(path, tree.src / "mlharness" / path.relative_to(REPO))
+    manifests: dict[str, dict[str, Any]] = {}
+    for record in records:
+        refs = [("models", record.get("model")), ("datasets", record.get("dataset")),
+                ("hardware", record.get("hardware")), ("software", (record.get("software") or {}).get("manifest")),
+                ("references", record.get("reference"))]
+        for kind, ref in refs:
+            if not ref or not ref.get("path") or not Path(ref["path"]).is_file():
+                continue
+            path = Path(ref["path"])
+            target = tree.src / "specs" / kind / path.name
+            _copy(path, target)
+            now = hashlib.sha256(path.read_bytes()).hexdigest()
+            manifests[str(target.relative_to(tree.src))] = {
+                "name": ref.get("name"), "version": ref.get("version"), "sha256_at_run": ref.get("sha256"),
+                "sha256_now": now, "changed_since_run": bool(ref.get("sha256")) and now != ref.get("sha256")}
+    write_json(tree.src / "manifests.json", manifests)
+
+
+def _move_into_place(staged: SubmitterTree, final: SubmitterTree) -> None:
+    final.base.parent.mkdir(parents=True, exist_ok=True)
+    old = final.base.with_name(f".{final.base.name}.old-{secrets.token_hex(3)}")
+    if final.base.exists():
+        os.replace(final.base, old)
+    os.replace(staged.base, final.base)
+    shutil.rmtree(old, ignore_errors=True)
+    logs = staged.root / "full_accuracy_logs"
+    if logs.is_dir():
+        for src in sorted(p for p in logs.rglob("*") if p.is_file()):
+            target = final.root / "full_accuracy_logs" / src.relative_to(logs)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, target)

@@ -1,0 +1,219 @@
+"""`mlharness submission run`: for each scenario, the performance run, the accuracy run, then the
+compliance audits, each LoadGen test in its own process, with a progress line. A state file
+(results/<system>/<model>/submission_run.json) records finished steps, so the same command run
+again resumes where it stopped; changing the settings, or --restart, starts over."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.atomic_io import write_json
+from harness.errors import UserError
+from harness.settings import SCENARIOS
+from harness.submission.compliance import parse_tests, record_outcomes, run_audit
+from harness.submission.runs import STEPS_FILE
+
+STATE_FILE = "submission_run.json"
+STATE_SCHEMA_VERSION = 1
+FULL_LENGTH_S = 600
+
+
+@dataclass
+class SessionOptions:
+    model: str
+    scenarios: list[str]
+    division: str = "open"
+    compliance: list[str] | None = None   # None: the benchmark's tests for closed, none for open
+    results_dir: Path = Path("results")
+    backend: str | None = None
+    dataset: str | None = None
+    hardware: str = "cpu"
+    user_conf: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    presets: list[str] = field(default_factory=list)
+    quick: bool = False
+    restart: bool = False
+
+
+def _fingerprint(options: SessionOptions) -> str:
+    """What makes two sessions the same runs: a different value starts the steps over."""
+    conf = options.user_conf.read_text() if options.user_conf and options.user_conf.is_file() else None
+    key = {"model": options.model, "backend": options.backend, "dataset": options.dataset,
+           "hardware": options.hardware, "user_conf": conf, "overrides": options.overrides,
+           "presets": options.presets, "quick": options.quick}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run_args(options: SessionOptions, scenario: str, mode: str) -> list[str]:
+    args = ["run", options.model, "--scenario", scenario, "--mode", mode, "--results-dir", str(options.results_dir)]
+    for flag, value in (("--backend", options.backend), ("--dataset", options.dataset),
+                        ("--user-conf", options.user_conf)):
+        if value:
+            args += [flag, str(value)]
+    if options.hardware != "cpu":
+        args += ["--hardware", options.hardware]
+    if options.quick:
+        args.append("--quick")
+    for preset in options.presets:
+        args += ["--preset", preset]
+    for item in options.overrides:
+        args += ["--set", item]
+    return args
+
+
+def _request(options: SessionOptions, scenario: str, command: str) -> Any:
+    from harness.runner import RunRequest
+
+    return RunRequest(model=options.model, scenario=scenario, mode="performance", dataset=options.dataset,
+                      backend=options.backend, hardware=options.hardware, quick=options.quick,
+                      presets=list(options.presets), user_conf=options.user_conf,
+                      results_dir=Path(options.results_dir), overrides=list(options.overrides), command=command)
+
+
+def plan(options: SessionOptions, benchmark_tests: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(scenario, step) in order: performance, accuracy, then each compliance test."""
+    for scenario in options.scenarios:
+        if scenario not in SCENARIOS:
+            raise UserError(f"--scenarios: expected names from {', '.join(SCENARIOS)}, got {scenario!r}")
+    if not options.scenarios:
+        raise UserError("--scenarios: expected at least one scenario")
+    tests = options.compliance if options.compliance is not None else \
+        (list(benchmark_tests) if options.division == "closed" else [])
+    tests = parse_tests(",".join(tests))
+    return [(s, step) for s in options.scenarios for step in ("performance", "accuracy", *tests)]
+
+
+class Progress:
+    """One line per step; on a terminal it ticks in place while the step runs."""
+
+    def __init__(self, label: str, expected_s: float | None):
+        self.label, self.expected_s = label, expected_s
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.tty = sys.stdout.isatty()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def __enter__(self) -> "Progress":
+        print(f"{self.label}: started" + (f" (about {self.expected_s:.0f} s)" if self.expected_s else ""), flush=True)
+        self.thread.start()
+        return self
+
+    def _tick(self) -> None:
+        period = 2.0 if self.tty else 60.0
+        while not self.done.wait(period):
+            elapsed = time.monotonic() - self.started
+            text = f"{self.label}: {elapsed:.0f} s" + (f" / ~{self.expected_s:.0f} s" if self.expected_s else "")
+            print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+        if self.tty:
+            print("\r", end="")
+        status = "failed" if exc[0] else "done"
+        print(f"{self.label}: {status} in {time.monotonic() - self.started:.0f} s", flush=True)
+
+
+def _load_state(path: Path, fingerprint: str, restart: bool) -> dict[str, Any]:
+    if path.is_file() and not restart:
+        try:
+            state = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            state = {}
+        if state.get("fingerprint") == fingerprint and state.get("schema_version") == STATE_SCHEMA_VERSION:
+            return state
+        if state:
+            print(f"{path}: settings changed since the last session; starting the steps over")
+    return {"schema_version": STATE_SCHEMA_VERSION, "fingerprint": fingerprint, "steps": {}}
+
+
+def _step_output_exists(scenario_dir: Path, step: str) -> bool:
+    expected = {"performance": scenario_dir / "performance" / "run_1" / "mlperf_log_summary.txt",
+                "accuracy": scenario_dir / "accuracy" / "mlperf_log_accuracy.json"}.get(step, scenario_dir / step)
+    return expected.exists()
+
+
+def _save_record(scenario_dir: Path, mode: str, record: dict[str, Any]) -> None:
+    steps = scenario_dir / STEPS_FILE
+    data = json.loads(steps.read_text()) if steps.is_file() else {"schema_version": 1, "records": {}}
+    data["records"][mode] = record
+    write_json(steps, data)
+
+
+def run_session(options: SessionOptions) -> int:
+    from harness import system as system_mod
+    from harness.runner import select_model
+    from harness.specs import default_index
+    from harness.submission.rules import benchmark_for
+
+    model = select_model(default_index(), options.model, options.backend)
+    benchmark = benchmark_for(model.mlperf_benchmark or model.name)
+    steps = plan(options, benchmark.compliance_tests if benchmark else ())
+    system = system_mod.system_name(system_mod.detect_system())
+    model_dir = Path(options.results_dir) / system / model.name
+    state_path = model_dir / STATE_FILE
+    state = _load_state(state_path, _fingerprint(options), options.restart)
+    rerun: set[str] = set()  # scenarios where an earlier step ran again: later steps must follow
+    failed_compliance = []
+    session_started = time.monotonic()
+    for number, (scenario, step) in enumerate(steps, 1):
+        key = f"{scenario}/{step}"
+        scenario_dir = model_dir / scenario
+        label = f"[{number}/{len(steps)}] {model.name} {scenario} {step}"
+        previous = state["steps"].get(key, {})
+        if previous.get("status") == "done" and scenario not in rerun and _step_output_exists(scenario_dir, step):
+            print(f"{label}: done earlier (run {previous.get('run_id')}), skipped")
+            continue
+        rerun.add(scenario)
+        expected = None if options.quick or step == "accuracy" else FULL_LENGTH_S * 1.1
+        started = time.monotonic()
+        try:
+            with Progress(label, expected):
+                outcome = _run_step(options, scenario, step, scenario_dir)
+        except UserError as exc:
+            state["steps"][key] = {"status": "failed", "error": str(exc)}
+            write_json(state_path, state)
+            raise UserError(f"{label} failed: {exc} (run the same command again to resume)") from None
+        state["steps"][key] = {"status": "done", "seconds": round(time.monotonic() - started, 1), **outcome}
+        write_json(state_path, state)
+        if outcome.get("verdict") == "FAIL":
+            failed_compliance.append(key)
+        for line in outcome.get("summary", []):
+            print(f"    {line}")
+    print(f"submission run: {len(steps)} step(s) for {model.name} in {time.monotonic() - session_started:.0f} s; "
+          f"state in {state_path}")
+    print(f"next: mlharness submission package --division {options.division} --submitter <NAME> --out <DIR> "
+          f"--results-dir {options.results_dir} --model {model.name}")
+    if failed_compliance:
+        print(f"compliance failed: {', '.join(failed_compliance)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: Path) -> dict[str, Any]:
+    if step in ("performance", "accuracy"):
+        run_json = scenario_dir / "run.json"
+        before = json.loads(run_json.read_text()).get("run_id") if run_json.is_file() else None
+        args = _run_args(options, scenario, step)
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True)
+        record = json.loads(run_json.read_text()) if run_json.is_file() else {}
+        # A published run.json with a new id is the step's record; exit 1 alone may be a reference check.
+        if record.get("run_id") in (None, before) or record.get("status") != "ok" or record.get("mode") != step:
+            tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
+            raise UserError(tail[0])
+        _save_record(scenario_dir, step, record)
+        summary = [line.strip() for line in proc.stdout.splitlines()[1:] if "results :" not in line]
+        return {"run_id": record["run_id"], "summary": summary}
+    perf = json.loads((scenario_dir / STEPS_FILE).read_text())["records"]["performance"]
+    outcome = run_audit(_request(options, scenario, perf.get("command", "")), step, scenario_dir)
+    _save_record(scenario_dir, "performance", record_outcomes(scenario_dir, {step: outcome}, perf))
+    return {"run_id": outcome["run_id"], "verdict": outcome["verdict"],
+            "summary": [f"{step}: {outcome['verdict']}"] + [l for l in outcome["performance_detail"]
+                                                             if l.startswith(("reference score", "test score"))]}
