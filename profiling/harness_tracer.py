@@ -1,0 +1,59 @@
+"""The `harness` level: per-query spans from issue to completion, queue wait and batch formation,
+from the SUT's own perf_counter_ns stamps; LoadGen's per-sample trace is added when its trace
+option (--set enable_trace=1) was on."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from profiling import loadgen_trace
+from profiling.stats import stage_stats
+from profiling.tracer import AsyncSpan, LevelResult, Span, Tracer
+
+MAX_LISTED_SAMPLES = 16  # sample indices kept per span; the full count is in batch_size
+
+
+def sample_list(indices: Any) -> list[int]:
+    return [int(i) for i in list(indices)[:MAX_LISTED_SAMPLES]]
+
+
+class HarnessTracer(Tracer):
+    level = "harness"
+
+    def start(self) -> None:
+        self.batches: list[tuple[int, Any]] = []
+
+    def batch(self, times: Any) -> None:
+        self.batches.append((threading.get_native_id(), times))
+
+    def collect(self, window: tuple[int, int]) -> LevelResult:
+        spans, queued = [], []
+        waits, formation, completion, queries = [], [], [], []
+        for n, (tid, t) in enumerate(self.batches):
+            args = {"batch_size": len(t.sample_indices), "samples": sample_list(t.sample_indices), "worker": t.worker}
+            queued.append(AsyncSpan("query", t.issued_ns, t.completed_ns, n, args))
+            if t.started_ns > t.issued_ns:
+                queued.append(AsyncSpan("queue_wait", t.issued_ns, t.started_ns, n, args))
+            spans.append(Span("batch", t.started_ns, t.completed_ns, tid, args))
+            spans.append(Span("batch_formation", t.started_ns, t.gathered_ns, tid))
+            spans.append(Span("complete", t.postprocessed_ns, t.completed_ns, tid))
+            waits.append(t.started_ns - t.issued_ns)
+            formation.append(t.gathered_ns - t.started_ns)
+            completion.append(t.completed_ns - t.postprocessed_ns)
+            queries.extend([t.completed_ns - t.issued_ns] * len(t.sample_indices))
+        summary: dict[str, Any] = {
+            "batches": len(self.batches),
+            "samples": sum(len(t.sample_indices) for _, t in self.batches),
+            "stages": {"query": stage_stats(queries), "queue_wait": stage_stats(waits),
+                       "batch_formation": stage_stats(formation), "complete": stage_stats(completion)},
+        }
+        result = LevelResult(self.level, "ok", spans=spans, async_spans=queued, summary=summary)
+        trace = self.ctx.loadgen_trace
+        if trace is not None and trace.is_file():
+            lg_spans, lg_async, lg_summary = loadgen_trace.read(trace, self.ctx.anchor)
+            result.spans += lg_spans
+            result.async_spans += lg_async
+            summary["loadgen_trace"] = lg_summary
+        else:
+            summary["loadgen_trace"] = {"status": "off", "reason": "LoadGen's trace is off (--set enable_trace=1 turns it on)"}
+        return result

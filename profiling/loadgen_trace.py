@@ -1,0 +1,45 @@
+"""LoadGen's own trace (mlperf_log_trace.json, written when LogSettings.enable_trace is on): times
+in microseconds after `otherData.ts`, a realtime-clock origin, moved onto the profile clock."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from profiling.clock import ClockAnchor
+from profiling.stats import stage_stats
+from profiling.tracer import AsyncSpan, Span
+
+# LoadGen's query-path spans; its logging and IO-thread spans stay in its own file.
+KEPT_SPANS = frozenset({"IssueQuery", "QuerySamplesComplete", "SampleLoop", "GenerateQueries"})
+TRACK = "loadgen"
+
+
+def read(path: Path, anchor: ClockAnchor) -> tuple[list[Span], list[AsyncSpan], dict[str, Any]]:
+    try:
+        trace = json.loads(path.read_text())
+        origin_us = float(trace["otherData"]["ts"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return [], [], {"status": "unreadable", "reason": f"{path.name}: {exc}"}
+
+    def ns(ts_us: float) -> int:
+        return anchor.from_realtime(round((origin_us + float(ts_us)) * 1000))
+
+    spans: list[Span] = []
+    begins: dict[int, dict[str, Any]] = {}
+    samples: list[AsyncSpan] = []
+    for raw in trace.get("traceEvents", []):
+        ph, name = raw.get("ph"), raw.get("name")
+        if ph == "X" and name in KEPT_SPANS:
+            start = ns(raw["ts"])
+            spans.append(Span(name, start, start + round(float(raw["dur"]) * 1000), int(raw.get("tid", 0)),
+                              {}, TRACK))
+        elif name == "Sample" and ph == "b":
+            begins[int(raw["id"])] = raw
+        elif name == "Sample" and ph == "e" and int(raw["id"]) in begins:
+            begin = begins.pop(int(raw["id"]))
+            args = {k: begin.get("args", {}).get(k) for k in ("sample_idx", "query_seq")}
+            samples.append(AsyncSpan("loadgen_sample", ns(begin["ts"]), ns(raw["ts"]), int(raw["id"]), args, TRACK))
+    summary = {"status": "ok", "file": path.name, "spans": len(spans),
+               "sample_latency": stage_stats(s.end_ns - s.start_ns for s in samples)}
+    return spans, samples, summary

@@ -1,0 +1,159 @@
+"""A profile of one LoadGen test: the chosen levels' tracers around the test (and the SUT's batch
+observer while it runs), then the merged timeline.json and summary.json in the profile folder and
+a short summary for run.json."""
+from __future__ import annotations
+
+import importlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from harness.atomic_io import write_json
+from profiling import overhead
+from profiling.clock import CLOCK_NAME, ClockAnchor, now_ns
+from profiling.framework_tracer import operator_table
+from profiling.timeline import build as build_timeline
+from profiling.tracer import LevelResult, TraceContext, Tracer
+
+SUMMARY_SCHEMA_VERSION = 1
+TRACERS = {
+    "harness": "profiling.harness_tracer:HarnessTracer",
+    "model": "profiling.model_tracer:ModelTracer",
+    "framework": "profiling.framework_tracer:FrameworkTracer",
+    "python": "profiling.python_tracer:PythonTracer",
+    "system": "profiling.system_tracer:SystemTracer",
+}
+# Started in this order, stopped in reverse: the system sampler's thread exists before the python
+# level starts following new threads, and python stops first so it never samples the others' exit.
+START_ORDER = ("system", "framework", "harness", "model", "python")
+
+
+def tracer_class(level: str) -> type[Tracer]:
+    module, _, name = TRACERS[level].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class ProfileSession:
+    def __init__(self, levels: list[str], out_dir: Path, scenario: str = "", calibrate: bool = True):
+        self.levels = [level for level in START_ORDER if level in levels]
+        self.requested = list(levels)
+        self.out_dir = Path(out_dir)
+        self.scenario = scenario
+        self.calibrate = calibrate
+        self.results: dict[str, LevelResult] = {}
+        self.overhead: dict[str, Any] = {}
+        self.window = (0, 0)
+        self._tracers: list[Tracer] = []
+        self._hooks: list[Any] = []
+        self._ctx: TraceContext | None = None
+
+    # The SUT's BatchObserver: fans each batch out to the tracers that want it.
+    def batch(self, times: Any) -> None:
+        for hook in self._hooks:
+            hook(times)
+
+    @contextmanager
+    def measuring(self, runtime: Any) -> Iterator["ProfileSession"]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        ctx = self._ctx = TraceContext(runtime, self.out_dir, ClockAnchor.measure(), self.scenario)
+        if self.calibrate:
+            self.overhead = overhead.calibrate(self.levels, runtime, self._scratch_tracer)
+        for level in self.levels:
+            tracer = tracer_class(level)(ctx)
+            reason = tracer.unavailable(ctx)
+            if reason:
+                self.results[level] = LevelResult(level, "unavailable", reason)
+                continue
+            try:
+                tracer.start()
+            except Exception as exc:  # a level that cannot start is reported; the run goes on
+                self.results[level] = LevelResult(level, "failed", f"start: {type(exc).__name__}: {exc}")
+                continue
+            self._tracers.append(tracer)
+        self._hooks = [t.batch for t in self._tracers if hasattr(t, "batch")]
+        start = now_ns()
+        try:
+            yield self
+        finally:
+            self.window = (start, now_ns())
+            self._hooks = []
+            for tracer in reversed(self._tracers):
+                try:
+                    tracer.stop()
+                except Exception as exc:
+                    self.results[tracer.level] = LevelResult(tracer.level, "failed", f"stop: {type(exc).__name__}: {exc}")
+            self._tracers = [t for t in self._tracers if t.level not in self.results]
+
+    def _scratch_tracer(self, level: str, scratch: Path) -> Tracer | None:
+        assert self._ctx is not None
+        ctx = TraceContext(self._ctx.runtime, scratch, self._ctx.anchor, self.scenario)
+        tracer = tracer_class(level)(ctx)
+        return None if tracer.unavailable(ctx) else tracer
+
+    def finish(self, loadgen_trace: Path | None = None) -> dict[str, Any]:
+        """Collect every level, write timeline.json and summary.json; returns run.json's profile entry."""
+        assert self._ctx is not None, "finish() after measuring()"
+        self._ctx.loadgen_trace = loadgen_trace
+        for tracer in self._tracers:
+            try:
+                self.results[tracer.level] = tracer.collect(self.window)
+            except Exception as exc:
+                self.results[tracer.level] = LevelResult(tracer.level, "failed", f"collect: {type(exc).__name__}: {exc}")
+        results = [self.results[level] for level in self.levels if level in self.results]
+        summary = self._summary(results)
+        timeline = build_timeline([r for r in results if r.status == "ok"], self.window[0],
+                                  {"levels": {r.level: r.status for r in results}, "scenario": self.scenario})
+        summary["timeline"] = {"file": "timeline.json", "events": len(timeline["traceEvents"]),
+                               "nesting": timeline["otherData"]["nesting"]}
+        write_json(self.out_dir / "timeline.json", timeline)
+        write_json(self.out_dir / "summary.json", summary)
+        return record_entry(summary)
+
+    def _summary(self, results: list[LevelResult]) -> dict[str, Any]:
+        assert self._ctx is not None
+        anchor = self._ctx.anchor
+        by_level = {r.level: r for r in results}
+        stages: dict[str, Any] = {}
+        for r in results:
+            stages.update(r.summary.pop("stages", {}) if r.status == "ok" else {})
+        summary: dict[str, Any] = {
+            "schema_version": SUMMARY_SCHEMA_VERSION, "scenario": self.scenario, "levels_requested": self.requested,
+            "levels": {r.level: {"status": r.status, **({"reason": r.reason} if r.reason else {})} for r in results},
+            "clock": {"name": CLOCK_NAME, "realtime_minus_monotonic_ns": anchor.realtime_minus_monotonic_ns,
+                      "offset_uncertainty_ns": anchor.uncertainty_ns},
+            "window": {"start_ns": self.window[0], "end_ns": self.window[1],
+                       "seconds": round((self.window[1] - self.window[0]) / 1e9, 3)},
+            "stages": stages,
+        }
+        framework = by_level.get("framework")
+        if framework is not None and framework.status == "ok":
+            model = by_level.get("model")
+            if model is not None and model.status == "ok":
+                basis, total = "model level predict spans", int(model.summary["predict_total_ms"] * 1e6)
+            else:
+                basis = "framework runs"
+                total = int(stages.get("framework_run", {}).get("total_ms", 0) * 1e6)
+            summary["operators"] = {"framework": framework.summary["framework"], "predict_basis": basis,
+                                    **operator_table(framework.summary, total)}
+        for r in results:
+            if r.status == "ok":
+                summary[r.level] = r.summary
+        summary["overhead"] = self.overhead or {"method": "not measured (calibration off)", "per_level": {}}
+        summary["files"] = sorted({"timeline.json", "summary.json", *(p.name for r in results for p in r.files)})
+        return summary
+
+
+def record_entry(summary: dict[str, Any]) -> dict[str, Any]:
+    """The short form kept in run.json (RunRecord.profile); summary.json has the rest."""
+    stages = {name: {k: v for k, v in stats.items() if k in ("count", "p50_ms", "p90_ms", "p99_ms")}
+              for name, stats in summary.get("stages", {}).items() if stats.get("count")}
+    unavailable = {level: info["reason"] for level, info in summary["levels"].items() if info["status"] != "ok"}
+    unavailable.update({f"system:{k}": v for k, v in summary.get("system", {}).get("unavailable", {}).items()})
+    return {
+        "schema_version": summary["schema_version"], "dir": "profile", "files": summary["files"],
+        "levels": {level: info["status"] for level, info in summary["levels"].items()},
+        "stages": stages,
+        "top_operators": summary.get("operators", {}).get("top", [])[:5],
+        "overhead_pct": {level: fig["overhead_pct"] for level, fig in summary["overhead"].get("per_level", {}).items()},
+        "unavailable": unavailable,
+    }
