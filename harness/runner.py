@@ -1,6 +1,7 @@
 """One run: manifests -> runtime -> LoadGen (per mode) -> results tree and run record."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import tempfile
@@ -190,9 +191,12 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
               record: RunRecord, request: RunRequest, reference: ReferenceLog | None) -> None:
     dest = where.stage("accuracy") if mode == "accuracy" else where.stage("performance", "run_1")
     mode_settings = replace(settings, mode=mode)
+    profile = _profile_session(request, where, mode)
     with tempfile.TemporaryDirectory(prefix="mlharness-lg-", dir=where.staging) as logdir:
-        failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, Path(logdir), request)
+        failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, Path(logdir), request, profile)
         kept = results.keep_loadgen_logs(Path(logdir), dest, drop_empty_accuracy=mode != "accuracy")
+    if profile is not None:
+        record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
     summary = parse_summary(dest / "mlperf_log_summary.txt")
     summary["wall_seconds"] = round(elapsed, 3)
     problems = detail_problems(dest / "mlperf_log_detail.txt")
@@ -221,8 +225,18 @@ def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy
     return report
 
 
+def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str) -> Any:
+    """A profiling session for this mode's test when --profile was given: the performance test,
+    or the accuracy test when that is the only one."""
+    if not request.profile or (mode == "accuracy" and request.mode != "accuracy"):
+        return None
+    import profiling
+
+    return profiling.session(request.profile, where.stage("profile"), request.scenario)
+
+
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
-                request: RunRequest) -> tuple[BaseException | None, float]:
+                request: RunRequest, profile: Any = None) -> tuple[BaseException | None, float]:
     """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time."""
     import mlperf_loadgen as lg
 
@@ -237,7 +251,8 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     options = _harness_options(settings, runtime.model)
     sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
                           scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
-                          max_batch_size=options["max_batch_size"], workers=options["workers"])
+                          max_batch_size=options["max_batch_size"], workers=options["workers"],
+                          observer=profile)
 
     def load_samples(indices: list[int]) -> None:
         try:
@@ -252,15 +267,17 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     perf_count = min(total, int(runtime.model.attributes.get("performance_sample_count", 1024)))
     # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
     audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
-    sut.start()
-    lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
-    qsl = lg.ConstructQSL(total, perf_count, load_samples, unload_samples)
-    started = time.perf_counter()
-    try:
-        lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
-    finally:
-        elapsed = time.perf_counter() - started
-        sut.stop()
-        lg.DestroyQSL(qsl)
-        lg.DestroyFastSUT(lg_sut)
+    # Tracers wrap only the test (and the SUT's workers, so they can follow them); none without --profile.
+    with profile.measuring(runtime) if profile is not None else contextlib.nullcontext():
+        sut.start()
+        lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
+        qsl = lg.ConstructQSL(total, perf_count, load_samples, unload_samples)
+        started = time.perf_counter()
+        try:
+            lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
+        finally:
+            elapsed = time.perf_counter() - started
+            sut.stop()
+            lg.DestroyQSL(qsl)
+            lg.DestroyFastSUT(lg_sut)
     return sut.failure, elapsed

@@ -2,12 +2,37 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.manifests import HardwareManifest, ModelManifest
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One span from a framework's own profiler. `start_ns` is on the clock the profile names
+    (both ONNX Runtime and torch.profiler stamp with the realtime clock); `thread` is the OS thread id."""
+
+    name: str
+    category: str  # "session" (a whole run), "op" (a node or operator), "kernel" (device work)
+    op_type: str
+    start_ns: int
+    dur_ns: int
+    thread: int
+    device: str = "cpu"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    framework: str
+    clock: str  # "realtime" or "monotonic": how to read OpEvent.start_ns
+    events: list[OpEvent]
+    files: list[Path] = field(default_factory=list)  # the framework's raw trace, kept beside ours
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(ABC):
@@ -38,6 +63,20 @@ class Backend(ABC):
         """What the record should say about how this backend ran (providers, threads)."""
         return {"name": self.name, "intra_op_threads": self.intra_op_threads,
                 "inter_op_threads": self.inter_op_threads, "device": self.hardware.device}
+
+    # Framework profiling (the `framework` profiling level). Off unless started, so runs without
+    # --profile never pay for it.
+    def profiling_unavailable(self) -> str | None:
+        """Why this backend cannot profile its framework here, or None when it can."""
+        return f"the {self.name} backend has no framework profiler"
+
+    def start_profiling(self, out_dir: Path) -> None:
+        """Turn the framework's profiler on; called before LoadGen starts, never during a run."""
+        raise NotImplementedError(self.profiling_unavailable() or "start_profiling")
+
+    def end_profiling(self) -> FrameworkProfile:
+        """Turn it off and return what it recorded; the backend runs unprofiled again afterwards."""
+        raise NotImplementedError(self.profiling_unavailable() or "end_profiling")
 
     @property
     def supports_batching(self) -> bool:

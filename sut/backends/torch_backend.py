@@ -2,13 +2,15 @@
 Arrays cross to and from torch without copies (torch.from_numpy / Tensor.numpy on CPU)."""
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.errors import UserError
-from sut.backends.base import Backend
+from sut.backends.base import Backend, FrameworkProfile, OpEvent
 from sut.processing import ProcessingContext, compile_function
 
 _THREADS_LOCK = threading.Lock()
@@ -67,6 +69,29 @@ class TorchBackend(Backend):
             items = list(raw)[: len(self.output_names)]
         return [t.detach().cpu().numpy() for t in items]
 
+    def profiling_unavailable(self) -> str | None:
+        return None
+
+    def start_profiling(self, out_dir: Path) -> None:
+        """torch.profiler over every thread (SUT workers call predict, not the thread that starts it);
+        CUDA kernels through CUPTI when the module runs on a GPU."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        config = self._torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        self._profile_dir = Path(out_dir)
+        self._profiler = profile(activities=activities, experimental_config=config)
+        self._profiler.start()
+
+    def end_profiling(self) -> FrameworkProfile:
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        path = self._profile_dir / "torch_profile.json"
+        profiler.export_chrome_trace(str(path))  # carries OS thread ids, which the event API does not
+        return FrameworkProfile("torch", "realtime", torch_events(path), [path])
+
     def close(self) -> None:
         self.module = None
 
@@ -74,3 +99,22 @@ class TorchBackend(Backend):
         return {**super().describe(), "torch": self._torch.__version__,
                 "torch_threads": self._torch.get_num_threads(),
                 "torchscript": "torchscript" in self.sources}
+
+
+_TORCH_CATEGORIES = {"cpu_op": "op", "kernel": "kernel", "gpu_memcpy": "kernel", "gpu_memset": "kernel"}
+
+
+def torch_events(path: Path) -> list[OpEvent]:
+    """torch.profiler's Chrome trace: microseconds after `baseTimeNanoseconds` (realtime clock)."""
+    trace = json.loads(path.read_text())
+    base_ns = int(trace.get("baseTimeNanoseconds", 0))
+    events = []
+    for raw in trace.get("traceEvents", []):
+        category = _TORCH_CATEGORIES.get(raw.get("cat", ""))
+        if raw.get("ph") != "X" or category is None:
+            continue
+        tid = raw.get("tid")
+        device = "cuda" if category == "kernel" else "cpu"
+        events.append(OpEvent(raw["name"], category, raw["name"], base_ns + round(float(raw["ts"]) * 1000),
+                              round(float(raw.get("dur", 0)) * 1000), tid if isinstance(tid, int) else 0, device))
+    return events
