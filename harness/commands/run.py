@@ -18,6 +18,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         software=args.software, hardware=args.hardware, reference=args.reference, quick=args.quick,
         presets=args.preset or [], user_conf=Path(args.user_conf) if args.user_conf else None,
         results_dir=Path(args.results_dir), overrides=args.set or [],
+        profile=_profile_levels(args.profile),
         command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
     tests = []
     if getattr(args, "compliance", None):
@@ -34,6 +35,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_outcomes(outcomes))
         verdict = "FAIL" if any(o["verdict"] == "FAIL" for o in outcomes.values()) else verdict
     return 1 if verdict == "FAIL" else 0
+
+
+def _profile_levels(text: str | None) -> list[str]:
+    if not text:
+        return []
+    from profiling import parse_levels
+
+    return parse_levels(text)
 
 
 def format_summary(record) -> str:
@@ -112,6 +121,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--user-conf", help="LoadGen user.conf (model.Scenario.key = value)")
     run.add_argument("--results-dir", default="results", help="results tree root (default: results)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
+    run.add_argument("--profile", metavar="LEVELS",
+                     help="profile the test: a comma list of harness,model,framework,python,system, or full")
     run.add_argument("--compliance", metavar="TESTS",
                      help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
     run.set_defaults(func=cmd_run)
