@@ -1,0 +1,304 @@
+"""HTML reports with PNG plots (matplotlib, Agg) for one run or a sweep.
+
+Each plot is a function in PLOTS that takes the runs and returns zero or more figures; a plot
+that does not apply (one batch size, no accuracy, no profile) returns nothing, so the report only
+shows what the runs can say."""
+from __future__ import annotations
+
+import html
+import io
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from harness import record_metrics
+from harness.atomic_io import write_bytes, write_text
+from harness.tables import format_value
+
+PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
+                   ("p99_latency_ns", 99), ("p99_9_latency_ns", 99.9))
+THROUGHPUT_KEYS = ("samples_per_second", "completed_samples_per_second")
+
+
+@dataclass
+class Plot:
+    filename: str
+    title: str
+    caption: str
+    png: bytes
+
+
+def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, loaded only when a report is written
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=100)
+    _pyplot().close(fig)
+    return buffer.getvalue()
+
+
+def _label(record: dict[str, Any]) -> str:
+    harness_settings = (record.get("settings") or {}).get("harness") or {}
+    extra = " ".join(f"{k}={v}" for k, v in sorted(harness_settings.items()))
+    return f"{(record.get('model') or {}).get('name')}/{record.get('backend')} {extra}".strip()
+
+
+def _batch(record: dict[str, Any]) -> int | None:
+    value = ((record.get("settings") or {}).get("harness") or {}).get("max_batch_size")
+    return int(value) if value is not None else None
+
+
+def _threads(record: dict[str, Any]) -> int | None:
+    harness_settings = (record.get("settings") or {}).get("harness") or {}
+    value = harness_settings.get("intra_op_threads", (record.get("backend_info") or {}).get("intra_op_threads"))
+    return int(value) if value is not None else None
+
+
+def _throughput(record: dict[str, Any]) -> float | None:
+    perf = record.get("performance") or {}
+    for key in THROUGHPUT_KEYS:
+        if isinstance(perf.get(key), (int, float)):
+            return float(perf[key])
+    return None
+
+
+def _by_scenario(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(str(record.get("scenario")), []).append(record)
+    return groups
+
+
+# ---- plots -------------------------------------------------------------------------------------
+
+
+def latency_plots(records: list[dict[str, Any]]) -> list[Plot]:
+    """Per scenario: each configuration's latency percentile curve (LoadGen's summary percentiles)."""
+    plots = []
+    for scenario, runs in sorted(_by_scenario(records).items()):
+        curves: dict[str, list[tuple[float, float]]] = {}
+        for record in runs:
+            perf = record.get("performance") or {}
+            points = [(perf[key] / 1e6, pct) for key, pct in PERCENTILE_KEYS if isinstance(perf.get(key), (int, float))]
+            if points:
+                curves.setdefault(_label(record), points)  # one curve per configuration: the first (newest) run
+        if not curves:
+            continue
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, points in sorted(curves.items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (ms, log scale)")
+        ax.set_ylabel("percentile")
+        ax.set_title(f"{scenario}: latency percentiles")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        plots.append(Plot(f"latency-{scenario}.png", f"{scenario} latency percentiles",
+                          "p50 to p99.9 of query latency from LoadGen's summary, one curve per configuration.",
+                          _png(fig)))
+    return plots
+
+
+def _axis_plot(records: list[dict[str, Any]], axis: str, getter: Callable[[dict[str, Any]], int | None],
+               other: Callable[[dict[str, Any]], Any], other_name: str) -> list[Plot]:
+    plots = []
+    for scenario, runs in sorted(_by_scenario(records).items()):
+        series: dict[str, dict[int, list[float]]] = {}
+        for record in runs:
+            x, y = getter(record), _throughput(record)
+            if x is None or y is None:
+                continue
+            key = f"{(record.get('model') or {}).get('name')}/{record.get('backend')} {other_name}={other(record)}"
+            series.setdefault(key, {}).setdefault(x, []).append(y)
+        if not any(len(points) >= 2 for points in series.values()):
+            continue
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key, points in sorted(series.items()):
+            xs = sorted(points)
+            ax.plot(xs, [statistics.median(points[x]) for x in xs], marker="o", label=key)
+        xs_all = [x for points in series.values() for x in points]
+        if min(xs_all) > 0 and max(xs_all) >= 4 * min(xs_all):
+            ax.set_xscale("log", base=2)  # batch sizes are usually powers of two
+        ax.set_xlabel(axis)
+        ax.set_ylabel("samples per second (median of runs)")
+        ax.set_yscale("log")
+        ax.set_title(f"{scenario}: throughput vs {axis}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        slug = axis.replace(" ", "-")
+        plots.append(Plot(f"throughput-vs-{slug}-{scenario}.png", f"{scenario} throughput vs {axis}",
+                          f"Median samples per second at each {axis}.", _png(fig)))
+    return plots
+
+
+def throughput_plots(records: list[dict[str, Any]]) -> list[Plot]:
+    return (_axis_plot(records, "batch size", _batch, _threads, "threads")
+            + _axis_plot(records, "threads", _threads, _batch, "batch"))
+
+
+def accuracy_plots(records: list[dict[str, Any]]) -> list[Plot]:
+    """Accuracy figures per model and backend (the newest run of each)."""
+    values: dict[str, dict[str, float]] = {}
+    for record in records:
+        figures = {k: v for k, v in record_metrics.flatten(record).items() if k.startswith("accuracy.")}
+        if figures:
+            values.setdefault(f"{(record.get('model') or {}).get('name')}/{record.get('backend')}", figures)
+    if not values:
+        return []
+    names = sorted({name for figures in values.values() for name in figures})
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(names)
+    groups = sorted(values)
+    for i, name in enumerate(names):
+        ax.bar([g + i * width for g in range(len(groups))], [values[k].get(name, 0.0) for k in groups], width,
+               label=name.partition(".")[2])
+    ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))], groups, rotation=15, fontsize=8)
+    ax.set_ylabel("accuracy")
+    ax.set_title("accuracy per model and backend")
+    ax.legend(fontsize=7)
+    return [Plot("accuracy.png", "Accuracy per backend", "Accuracy figures of each model on each backend.", _png(fig))]
+
+
+def _stage_times(profile: dict[str, Any]) -> dict[str, float]:
+    """Median time per stage (ms) from a profile summary; shapes vary by version, so read loosely."""
+    found = {}
+    for name, stats in (profile.get("stages") or {}).items():
+        if isinstance(stats, dict):
+            for key in ("p50_ms", "mean_ms", "p90_ms"):
+                if isinstance(stats.get(key), (int, float)):
+                    found[str(name)] = float(stats[key])
+                    break
+        elif isinstance(stats, (int, float)):
+            found[str(name)] = float(stats)
+    return found
+
+
+def _operator_times(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """Top operators by self time (ms): from profile/summary.json when it is still there, else run.json."""
+    profile = record.get("profile") or {}
+    top: Any = profile.get("top_operators") or []
+    summary_file = Path(str(record.get("results_path") or "")) / str(profile.get("dir") or "profile") / "summary.json"
+    try:
+        top = json.loads(summary_file.read_text()).get("operators", {}).get("top") or top
+    except (OSError, ValueError, AttributeError):
+        pass
+    rows = []
+    for entry in top if isinstance(top, list) else []:
+        if isinstance(entry, dict):
+            name = entry.get("op") or entry.get("name")
+            value = next((entry[k] for k in ("self_ms", "total_ms", "ms") if isinstance(entry.get(k), (int, float))), None)
+            if name is not None and value is not None:
+                rows.append((str(name), float(value)))
+    return rows[:15]
+
+
+def profile_plots(records: list[dict[str, Any]]) -> list[Plot]:
+    """Per profiled run: median time per stage, and the top operators by self time."""
+    plots = []
+    for record in records:
+        profile = record.get("profile")
+        if not isinstance(profile, dict):
+            continue
+        stages, operators = _stage_times(profile), _operator_times(record)
+        if not stages and not operators:
+            continue
+        plt = _pyplot()
+        panels = [p for p in (("stage p50 (ms)", sorted(stages.items(), key=lambda kv: -kv[1])),
+                              ("operator self time (ms)", operators)) if p[1]]
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+        for ax, (xlabel, rows) in zip(axes[0], panels):
+            ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+            positive = [r[1] for r in rows if r[1] > 0]
+            if positive and max(positive) > 100 * min(positive):
+                ax.set_xscale("log")  # predict dwarfs the other stages; a log axis keeps them visible
+                xlabel += ", log scale"
+            ax.set_xlabel(xlabel)
+            ax.tick_params(axis="y", labelsize=7)
+        fig.suptitle(f"{_label(record)} {record.get('scenario')}: profile")
+        plots.append(Plot(f"profile-{record['run_id']}.png", f"Profile of {record['run_id']}",
+                          "Per-stage median latency and the operators with the most self time.", _png(fig)))
+    return plots
+
+
+PLOTS: list[Callable[[list[dict[str, Any]]], list[Plot]]] = [latency_plots, throughput_plots, accuracy_plots,
+                                                             profile_plots]
+
+
+# ---- HTML ----------------------------------------------------------------------------------------
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(format_value(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _runs_table(records: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in records:
+        name, value = record_metrics.headline(r)
+        rows.append((r["run_id"], (r.get("model") or {}).get("name"), r.get("backend"), r.get("scenario"), r.get("mode"),
+                     _batch(r), _threads(r), r.get("status"), name.partition(".")[2], value,
+                     (r.get("performance") or {}).get("result"), r.get("error")))
+    return _table(("run id", "model", "backend", "scenario", "mode", "batch", "threads", "status", "metric", "value",
+                   "LoadGen", "error"), rows)
+
+
+_STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+          "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
+          "th{background:#f0f0f0}img{max-width:100%;border:1px solid #ddd}figure{margin:1.5em 0}")
+
+
+def write_report(records: list[dict[str, Any]], out_dir: Path, title: str,
+                 extra_sections: list[tuple[str, str]] = ()) -> Path:
+    """Write index.html and its PNGs to out_dir; returns the HTML path."""
+    out_dir = Path(out_dir)
+    plots = [plot for make in PLOTS for plot in make(records)]
+    for plot in plots:
+        write_bytes(out_dir / plot.filename, plot.png)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<h2>Runs</h2>{_runs_table(records)}"]
+    for heading, body in extra_sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
+    parts.append("<h2>Plots</h2>" if plots else "<p>No plots: the runs have no figures to plot.</p>")
+    for plot in plots:
+        parts.append(f"<figure><img src='{html.escape(plot.filename)}' alt='{html.escape(plot.title)}'>"
+                     f"<figcaption><b>{html.escape(plot.title)}</b>: {html.escape(plot.caption)}</figcaption></figure>")
+    parts.append("</body></html>\n")
+    return write_text(out_dir / "index.html", "\n".join(parts))
+
+
+def run_report(store: Any, run_id: str, out_dir: Path) -> Path:
+    record = store.get_run(run_id)
+    return write_report([record], out_dir, f"mlharness run {record['run_id']}")
+
+
+def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
+    from harness.sweep import best_configurations, sweep_rows
+
+    rows = sweep_rows(store, sweep_id)
+    records = [row["record"] for row in rows if row["record"] is not None]
+    best = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
+             e["cell"].setting("intra_op_threads"), e["metric"].partition(".")[2], e["median"], len(e["values"]))
+            for e in best_configurations(rows)]
+    failed = [(row["cell"].label(), row["row"]["repeat_index"], row["row"]["error"]) for row in rows
+              if row["row"]["status"] != "ok"]
+    sections = [("Best configuration per scenario and model",
+                 _table(("scenario", "model", "backend", "batch", "threads", "metric", "median", "runs"), best))]
+    if failed:
+        sections.append(("Failed cells", _table(("cell", "repeat", "error"), failed)))
+    return write_report(records, out_dir, f"mlharness sweep {sweep_id}", sections)
