@@ -74,6 +74,10 @@ def locate(uri: str, where: str, base: Path) -> Path:
 
 def resolve(artifact: Artifact, where: str, base: Path) -> Path:
     """A verified local file for `artifact`; a missing file or a sha256 mismatch is a UserError."""
+    if artifact.convert is not None:
+        from sut.conversion import resolve_conversion  # made by a recorded export step, cached
+
+        return resolve_conversion(artifact, where, base)
     path = locate(artifact.uri, where, base)
     if not path.is_file():
         raise UserError(f"{where}: {artifact.uri} not found (looked at {path})")

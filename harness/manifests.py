@@ -14,12 +14,30 @@ ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uin
 FRAMEWORKS = ("onnxruntime", "torch", "null")
 CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
+SOURCE_ROLES = ("graph", "weights", "module", "torchscript", "files")
+
+
+CONVERT_FORMATS = ("onnx",)  # targets of a manifest-declared conversion (sut.conversion has the exporters)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """An artifact made from another model manifest by a recorded export step (sut.conversion)."""
+
+    source: str  # the source model manifest's path, relative to the manifest declaring the conversion
+    to: str
+    opset: int | None = None
+    example_dims: tuple[tuple[str, int], ...] = ()  # sizes for symbolic dims in the example inputs
+
+    def describe(self) -> dict[str, Any]:
+        return {"from": self.source, "to": self.to, "opset": self.opset, "example_dims": dict(self.example_dims)}
 
 
 @dataclass(frozen=True)
 class Artifact:
     uri: str
     sha256: str | None
+    convert: Conversion | None = None  # set when the file is produced by a conversion instead of fetched
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,7 @@ class DatasetManifest(Manifest):
     load: str | None = None
     sample_count: int = 0
     evaluation: dict[str, Any] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)  # hints for user code, e.g. max_tokens
 
 
 @dataclass(frozen=True)
@@ -124,10 +143,35 @@ def _artifact(check: Checker, doc: Any, path: str) -> Artifact | None:
     if not isinstance(doc, dict):
         check.fail(path, "a mapping {uri, sha256}", doc)
         return None
-    check.unknown_keys(doc, path, ("uri", "sha256", "transforms"))
+    check.unknown_keys(doc, path, ("uri", "sha256", "transforms", "convert"))
+    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)", required="convert" not in doc)
+    if "convert" in doc:
+        if "uri" in doc:
+            check.fail(f"{path}.uri", "either uri or convert, not both", doc["uri"])
+        conversion = _conversion(check, doc["convert"], f"{path}.convert")
+        return Artifact("", sha, conversion) if conversion else None
     uri = check.get(doc, "uri", path, str, "a path, file://, package:// or https:// URI")
-    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)")
     return Artifact(uri, sha) if uri else None
+
+
+def _conversion(check: Checker, doc: Any, path: str) -> Conversion | None:
+    if not isinstance(doc, dict):
+        check.fail(path, "a mapping {from, to, opset, example_dims}", doc)
+        return None
+    check.unknown_keys(doc, path, ("from", "to", "opset", "example_dims"))
+    source = check.get(doc, "from", path, str, "the source model manifest's path, relative to this file")
+    to = check.one_of(doc, "to", path, CONVERT_FORMATS)
+    opset = check.get(doc, "opset", path, int, "an ONNX opset number such as 17", False)
+    if opset is not None and not 7 <= opset <= 30:
+        check.fail(f"{path}.opset", "an ONNX opset number between 7 and 30", opset)
+    dims = check.get(doc, "example_dims", path, dict, "a mapping symbolic dim -> example size", False, {}) or {}
+    for dim, size in dims.items():
+        if not (isinstance(dim, str) and DIM_NAME.match(dim)) or isinstance(size, bool) or not isinstance(size, int) \
+                or size <= 0:
+            check.fail(f"{path}.example_dims.{dim}", "a symbolic dim name mapped to a positive size", size)
+    if not source or not to:
+        return None
+    return Conversion(source, to, opset, tuple(sorted((str(k), int(v)) for k, v in dims.items())))
 
 
 def _code(check: Checker, doc: dict, key: str, path: str, required: bool) -> str | None:
@@ -188,9 +232,9 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
     inputs = _tensors(check, doc, "inputs")
     outputs = _tensors(check, doc, "outputs")
     result = _tensor(check, doc["result"], "result") if doc.get("result") is not None else None
-    sources_doc = check.get(doc, "sources", "", dict, "a mapping of sources (graph, weights, module, torchscript)",
+    sources_doc = check.get(doc, "sources", "", dict, "a mapping of sources (graph, weights, module, torchscript, files)",
                             required=fw_name != "null", default={}) or {}
-    check.unknown_keys(sources_doc, "sources", ("graph", "weights", "module", "torchscript"))
+    check.unknown_keys(sources_doc, "sources", ("graph", "weights", "module", "torchscript", "files"))
     sources: dict[str, Artifact] = {}
     transforms: tuple[str, ...] = ()
     for key in ("graph", "weights", "torchscript"):
@@ -198,6 +242,15 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
             art = _artifact(check, sources_doc[key], f"sources.{key}")
             if art:
                 sources[key] = art
+    # Named extra files user code reads as ctx.sources[name] (a tokenizer, a config), verified like the rest.
+    files = check.get(sources_doc, "files", "sources", dict, "a mapping name -> {uri, sha256}", False, {}) or {}
+    for key, value in files.items():
+        if key in SOURCE_ROLES or not (isinstance(key, str) and DIM_NAME.match(key)):
+            check.fail(f"sources.files.{key}", f"a file name of letters, digits and '_', not one of {list(SOURCE_ROLES)}")
+            continue
+        art = _artifact(check, value, f"sources.files.{key}")
+        if art:
+            sources[key] = art
     if isinstance(sources_doc.get("graph"), dict):
         raw = sources_doc["graph"].get("transforms") or []
         if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
@@ -238,7 +291,7 @@ def parse_dataset(doc: Any, path: Path, sha: str) -> DatasetManifest:
     name, version = _common(check, doc, "dataset")
     doc = doc if isinstance(doc, dict) else {}
     check.unknown_keys(doc, "", ("kind", "name", "version", "description", "sources", "samples", "load",
-                                 "sample_count", "evaluation"))
+                                 "sample_count", "evaluation", "attributes"))
     sources_doc = check.get(doc, "sources", "", dict, "a mapping name -> {uri, sha256}", False, {}) or {}
     sources = {}
     for key, value in sources_doc.items():
@@ -255,7 +308,8 @@ def parse_dataset(doc: Any, path: Path, sha: str) -> DatasetManifest:
         kind="dataset", name=name, version=version, path=path, sha256=sha, doc=doc,
         description=check.get(doc, "description", "", str, "a description", False, "") or "",
         sources=sources, samples=_code(check, doc, "samples", "", True) or "",
-        load=_code(check, doc, "load", "", False), sample_count=count or 0, evaluation=evaluation))
+        load=_code(check, doc, "load", "", False), sample_count=count or 0, evaluation=evaluation,
+        attributes=check.get(doc, "attributes", "", dict, "a mapping", False, {}) or {}))
 
 
 def parse_software(doc: Any, path: Path, sha: str) -> SoftwareManifest:

@@ -1,0 +1,78 @@
+"""MobileNetV2 (Sandler et al., 2018) in plain torch. Submodule names and order follow the layout
+of the widely published ImageNet state dict (`features.N...`, `classifier.1`), so that
+`mobilenet_v2-b0353104.pth` loads with strict key matching; torchvision itself is not needed."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# (expansion t, output channels c, repeats n, first stride s), from the paper's Table 2.
+_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+
+def _conv_bn(in_ch: int, out_ch: int, kernel: int, stride: int = 1, groups: int = 1, relu: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(in_ch, out_ch, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+                               nn.BatchNorm2d(out_ch)]
+    if relu:
+        layers.append(nn.ReLU6(inplace=True))
+    return nn.Sequential(*layers)
+
+
+class InvertedResidual(nn.Module):
+    """1x1 expansion, 3x3 depthwise, 1x1 linear projection; a skip connection when shapes allow."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, expansion: int):
+        super().__init__()
+        hidden = in_ch * expansion
+        self.use_skip = stride == 1 and in_ch == out_ch
+        layers: list[nn.Module] = []
+        if expansion != 1:
+            layers.append(_conv_bn(in_ch, hidden, 1))
+        layers.append(_conv_bn(hidden, hidden, 3, stride, groups=hidden))
+        # The projection is a bare conv + BN (indices conv.N and conv.N+1 in the state dict).
+        layers.append(nn.Conv2d(hidden, out_ch, 1, bias=False))
+        layers.append(nn.BatchNorm2d(out_ch))
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_skip else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.2):
+        super().__init__()
+        channels, last = 32, 1280
+        features: list[nn.Module] = [_conv_bn(3, channels, 3, stride=2)]
+        for expansion, out_ch, repeats, stride in _BLOCKS:
+            for i in range(repeats):
+                features.append(InvertedResidual(channels, out_ch, stride if i == 0 else 1, expansion))
+                channels = out_ch
+        features.append(_conv_bn(channels, last, 1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, num_classes))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # Only matters without a state dict; kept so an untrained network is still well scaled.
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0, 0.01)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+        return self.classifier(x)
+
+
+def mobilenet_v2(ctx: Any = None) -> MobileNetV2:
+    """The manifest factory: ctx.attributes may set num_classes (default 1000)."""
+    attributes = getattr(ctx, "attributes", None) or {}
+    return MobileNetV2(num_classes=int(attributes.get("num_classes", 1000)))
