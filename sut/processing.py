@@ -3,6 +3,7 @@ object every user function receives."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,3 +48,16 @@ def compile_function(code: str, role: str, where: str) -> Callable[..., Any]:
     if not callable(func):
         raise UserError(f"{where}: {role}: expected the source to define a function named {role!r}")
     return func
+
+
+def takes_inputs(postprocess: Callable[..., Any] | None) -> bool:
+    """True when a postprocess declares a third parameter: it then also receives the batch's model
+    inputs (mean pooling over an attention mask needs the mask), as `postprocess(outputs, ctx, inputs)`."""
+    if postprocess is None:
+        return False
+    try:
+        params = list(inspect.signature(postprocess).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)

@@ -17,7 +17,7 @@ import numpy as np
 
 from sut.backends.base import Backend
 from sut.handoff import Handoff
-from sut.processing import ProcessingContext
+from sut.processing import ProcessingContext, takes_inputs
 from sut.staging import SampleError, StagedSamples
 
 INLINE_SCENARIOS = ("SingleStream",)
@@ -51,6 +51,7 @@ class SystemUnderTest:
         self.handoff = handoff
         self.scenario = scenario
         self.postprocess = postprocess
+        self.postprocess_takes_inputs = takes_inputs(postprocess)
         self.ctx = ctx
         self.max_batch_size = max(1, max_batch_size if backend.supports_batching else 1)
         self.workers = max(1, workers)
@@ -154,7 +155,8 @@ class SystemUnderTest:
             predicted = time.perf_counter_ns()
             stage = "postprocess"
             if self.postprocess is not None:
-                result = self.postprocess(outputs, self.ctx)
+                result = (self.postprocess(outputs, self.ctx, feed) if self.postprocess_takes_inputs
+                          else self.postprocess(outputs, self.ctx))
             else:
                 result = next(iter(outputs.values()))
             result = np.ascontiguousarray(result)
