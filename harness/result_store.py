@@ -213,7 +213,7 @@ class ResultStore:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The full record of a run by id or a unique id prefix."""
-        rows = self.conn.execute("SELECT run_id, record_json FROM runs WHERE run_id = ? OR run_id LIKE ? "
+        rows = self.conn.execute("SELECT run_id, record_json FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' "
                                  "ORDER BY run_id LIMIT 3", (run_id, _like_prefix(run_id))).fetchall()
         exact = [r for r in rows if r["run_id"] == run_id]
         if exact:
