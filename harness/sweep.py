@@ -80,7 +80,7 @@ def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
 class Progress:
     """A one-line progress bar with an ETA on stderr: redrawn in place on a terminal, a line per cell otherwise."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 24):
+    def __init__(self, total: int, stream: TextIO, width: int = 24):
         self.total, self.stream, self.width = total, stream, width
         self.done, self.started = 0, time.monotonic()
         self.durations: list[float] = []
@@ -155,8 +155,9 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO = sys.stderr) -> SweepResult:
+def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None) -> SweepResult:
     """Run every cell x repeat not already finished in this sweep id; returns what ran."""
+    stream = stream or sys.stderr
     grid = load_grid(grid_path)
     cells = _with_options(grid, options)
     repeat = options.repeat or grid.repeat

@@ -1,0 +1,182 @@
+"""Sweeps: every cell in its own worker process, failures recorded and passed over, timeouts,
+resume, and the best-configuration table. Real runs of the null model keep this short."""
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli, write_manifest
+from harness.errors import UserError
+from harness.result_store import DB_ENV, ResultStore
+from harness.sweep_grid import load_grid
+
+FLAKY_MODEL = """\
+    kind: model
+    name: flaky
+    version: 1.0.0
+    framework: {name: "null"}
+    dataset: null-samples
+    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+    outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
+    preprocess: |
+      import numpy as np
+      def preprocess(sample, ctx):
+          return np.array([sample], dtype=np.float32)
+    postprocess: |
+      def postprocess(outputs, ctx):
+          raise RuntimeError("postprocess blew up")
+    attributes:
+      settings: {Offline: {target_qps: 2000}}
+    """
+
+
+@pytest.fixture(autouse=True)
+def _no_db_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DB_ENV, raising=False)
+
+
+def write_grid(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GRID = """\
+    name: t
+    quick: true
+    timeout: 120
+    models:
+      - name: "null"
+        set: {Offline: {target_qps: 20000}}
+      - no-such-model
+      - flaky
+    scenarios: [Offline]
+    batch_sizes: %s
+    """
+
+
+def cells_by_model(store: ResultStore, sweep_id: str) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for row in store.sweep_cells(sweep_id):
+        found.setdefault(json.loads(row["params_json"])["model"], []).append(row)
+    return found
+
+
+def test_failing_cells_are_recorded_and_the_sweep_resumes(tmp_path: Path, specs_copy: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(specs_copy / "models", "flaky.yaml", FLAKY_MODEL)
+    grid = write_grid(tmp_path / "grid.yaml", GRID % "[8]")
+    results = tmp_path / "results"
+    assert run_cli("sweep", grid, "--results-dir", results) == 0  # failures are data, not an exit code
+    captured = capsys.readouterr()
+    assert "3/3" in captured.err and "ETA" in captured.err
+    best = [line.split() for line in captured.out.splitlines() if line.startswith("Offline")]
+    assert [row[:4] for row in best] == [["Offline", "null", "null", "8"]]  # the best table: only null ran
+    with ResultStore(results / "mlharness.sqlite") as store:
+        cells = cells_by_model(store, "t")
+        assert [c["status"] for c in cells["null"]] == ["ok"]
+        # no manifest: the worker failed before a run existed; the cell keeps the error and stderr
+        (missing,) = cells["no-such-model"]
+        assert missing["status"] == "failed" and missing["run_id"] is None
+        assert "no-such-model" in missing["error"] and "no-such-model" in missing["stderr"]
+        # the run started and failed: its run record is in the database, tagged with the sweep
+        (flaky,) = cells["flaky"]
+        assert flaky["status"] == "failed" and "postprocess blew up" in flaky["error"]
+        run = store.list_runs()
+        assert {r["run_id"]: (r["status"], r["sweep_id"]) for r in run} == {
+            cells["null"][0]["run_id"]: ("ok", "t"), flaky["run_id"]: ("failed", "t")}
+
+    # Resume: finished cells (ok or failed) are skipped.
+    assert run_cli("sweep", grid, "--results-dir", results) == 0
+    assert "0 ran now, 3 skipped" in capsys.readouterr().out
+    # Failed cells only; then a grid grown by a batch size runs only the new cell.
+    assert run_cli("sweep", grid, "--results-dir", results, "--retry-failed") == 0
+    assert "2 ran now, 1 skipped" in capsys.readouterr().out
+    write_grid(grid, GRID % "[8, 16]")
+    assert run_cli("sweep", grid, "--results-dir", results, "--strict") == 1  # --strict: failures exit 1
+    out = capsys.readouterr().out
+    assert "3 ran now, 3 skipped" in out  # the three bs=16 cells are new
+    with ResultStore(results / "mlharness.sqlite") as store:
+        cells = cells_by_model(store, "t")
+        assert sorted(json.loads(c["params_json"])["overrides"][0] for c in cells["null"]) == [
+            "max_batch_size=16", "max_batch_size=8"]
+    assert run_cli("results", "sweep", "t", "--results-dir", results) == 0
+    out = capsys.readouterr().out
+    assert "best configuration per scenario and model" in out and "no-such-model" in out
+
+
+def test_a_cell_that_overruns_is_stopped_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = write_grid(tmp_path / "slow.yaml", """\
+        name: slow
+        quick: true
+        timeout: 3
+        models: ["null"]
+        scenarios: [SingleStream]
+        set: {target_latency: 0.01, min_duration: 60000}
+        """)
+    assert run_cli("sweep", grid, "--results-dir", tmp_path / "r") == 0
+    assert "timed out after 3 s" in capsys.readouterr().err
+    with ResultStore(tmp_path / "r" / "mlharness.sqlite") as store:
+        (cell,) = store.sweep_cells("slow")
+        assert cell["status"] == "failed" and cell["error"] == "timed out after 3 s" and cell["seconds"] < 30
+
+
+def test_repeat_runs_each_cell_n_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = write_grid(tmp_path / "rep.yaml", """\
+        models: ["null"]
+        scenarios: [Offline]
+        set: {target_qps: 20000}
+        """)
+    assert run_cli("sweep", grid, "--results-dir", tmp_path / "r", "--quick", "--repeat", "2",
+                   "--sweep-id", "twice") == 0
+    out = capsys.readouterr().out
+    assert "median" in out and "  2\n" in out + "\n"  # the best row reports 2 runs
+    with ResultStore(tmp_path / "r" / "mlharness.sqlite") as store:
+        assert [c["repeat_index"] for c in store.sweep_cells("twice")] == [0, 1]
+
+
+def test_example_grid_expands_to_its_eight_cells() -> None:
+    grid = load_grid(REPO / "scenarios" / "sweep-example.yaml")
+    assert len(grid.cells) == 8 and grid.name == "sweep-example"
+    assert {(c.model, c.scenario, c.setting("max_batch_size")) for c in grid.cells} == {
+        (m, s, b) for m in ("resnet50-light", "null") for s in ("Offline", "SingleStream") for b in ("1", "8")}
+    assert all(c.quick for c in grid.cells)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("models: [m]\nscenarios: [Offline]\nbatchsize: [1]\n", "unknown key 'batchsize'"),
+    ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name"),
+    ("models: [m]\nscenarios: [Offlin]\n", "scenarios[0]: expected one of"),
+    ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "unknown setting 'max_batch'"),
+    ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1"),
+    ("models: [m]\nscenarios: [Offline]\nexclude: [{model: m}]\n", "no cells"),
+])
+def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=re.escape(message)) as caught:
+        load_grid(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_grid_axes_and_exclude(tmp_path: Path) -> None:
+    path = write_grid(tmp_path / "g.yaml", """\
+        models:
+          - resnet50-light
+          - {name: "null", backends: ["null"], set: {SingleStream: {target_latency: 0.01}}}
+        backends: [default, "null"]
+        scenarios: [Offline, SingleStream]
+        threads: [1, 2]
+        settings: {workers: [1, 2]}
+        exclude: [{model: resnet50-light, backend: "null", threads: 2}]
+        """)
+    cells = load_grid(path).cells
+    # resnet50-light: 2 backends x 2 scenarios x 2 threads x 2 workers, minus 4 excluded; null: 1 x 2 x 2 x 2
+    assert len(cells) == 16 - 4 + 8
+    ss = [c for c in cells if c.model == "null" and c.scenario == "SingleStream"]
+    assert all(c.setting("target_latency") == "0.01" for c in ss)
+    assert all(c.setting("target_latency") is None for c in cells if c.scenario == "Offline")
+    assert len({c.key for c in cells}) == len(cells)
