@@ -16,6 +16,7 @@ from profiling.clock import now_ns
 
 BLOCK_SECONDS = 0.1
 MIN_CALLS, MAX_CALLS = 3, 200
+WARMUP_CALLS, WARMUP_SECONDS = 5, 0.1
 METHOD = ("one staged sample through rows -> predict -> postprocess -> observer, batch size 1; "
           "blocks off/on/off; overhead = median(on) / median(off) - 1; noise = |off1 - off2| / off")
 
@@ -48,9 +49,12 @@ def calibrate(levels: list[str], runtime: Any, make_tracer: Callable[[str, Path]
     staged.load_samples([0])
     try:
         call = _hot_path(runtime)
-        call(None)
-        first = call(None)
-        calls = max(MIN_CALLS, min(MAX_CALLS, int(BLOCK_SECONDS * 1e9 / max(first, 1))))
+        # Warm up (first calls allocate, pick kernels, spin up thread pools) before sizing the blocks.
+        warm, began = [], now_ns()
+        while len(warm) < WARMUP_CALLS or (now_ns() - began < WARMUP_SECONDS * 1e9 and len(warm) < MAX_CALLS):
+            warm.append(call(None))
+        typical = statistics.median(warm[len(warm) // 2:])
+        calls = max(MIN_CALLS, min(MAX_CALLS, int(BLOCK_SECONDS * 1e9 / max(typical, 1))))
         per_level: dict[str, Any] = {}
         for level in levels:
             with tempfile.TemporaryDirectory(prefix=f"mlharness-calibrate-{level}-") as scratch:

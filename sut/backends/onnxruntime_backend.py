@@ -66,6 +66,7 @@ class OnnxRuntimeBackend(Backend):
         profiled, self.session = self.session, self._plain_session
         start_ns = profiled.get_profiling_start_time_ns()
         path = Path(profiled.end_profiling())
+        path = path.replace(path.with_name("onnxruntime_profile.json"))  # a fixed name: a re-run replaces it
         return FrameworkProfile("onnxruntime", "realtime", ort_events(path, start_ns), [path])
 
     def _providers(self, available: list[str]) -> list[str]:
