@@ -1,0 +1,80 @@
+"""The terminal view of a profile's summary.json (`mlharness profile show`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from harness.tables import format_table
+from profiling.session import SUMMARY_SCHEMA_VERSION
+
+STAGE_ORDER = ("load", "preprocess", "query", "queue_wait", "batch_formation", "predict", "framework_run",
+               "postprocess", "complete")
+
+
+def find_summary(path: Path) -> Path:
+    """A scenario result folder, its profile/ folder, or summary.json itself."""
+    for candidate in (path / "profile" / "summary.json", path / "summary.json", path):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"{path}: no profile here (expected profile/summary.json; run with --profile LEVELS)")
+
+
+def load_summary(path: Path) -> dict[str, Any]:
+    found = find_summary(path)
+    try:
+        summary = json.loads(found.read_text())
+    except ValueError as exc:
+        raise UserError(f"{found}: not valid JSON: {exc}") from None
+    version = summary.get("schema_version") if isinstance(summary, dict) else None
+    if not isinstance(version, int) or version > SUMMARY_SCHEMA_VERSION:
+        raise UserError(f"{found}: schema_version: expected <= {SUMMARY_SCHEMA_VERSION}, got {version!r}")
+    return summary
+
+
+def render(summary: dict[str, Any], top: int = 10) -> str:
+    parts = [f"profile of a {summary.get('scenario') or '?'} test, {summary['window']['seconds']} s "
+             f"on {summary['clock']['name']}"]
+    parts.append(format_table(["level", "status", "overhead %", "noise %", "note"], [
+        [level, info["status"], *_overhead(summary, level), info.get("reason", "")]
+        for level, info in summary["levels"].items()]))
+    stages = summary.get("stages", {})
+    names = [n for n in STAGE_ORDER if n in stages] + sorted(n for n in stages if n not in STAGE_ORDER)
+    rows = [[n, stages[n].get("count"), stages[n].get("mean_ms"), stages[n].get("p50_ms"), stages[n].get("p90_ms"),
+             stages[n].get("p99_ms"), stages[n].get("max_ms")] for n in names if stages[n].get("count")]
+    if rows:
+        parts.append("stages (ms)\n" + format_table(["stage", "count", "mean", "p50", "p90", "p99", "max"], rows))
+    operators = summary.get("operators")
+    if operators:
+        rows = [[o["op"], o["calls"], o["self_ms"], _pct(o["share_of_predict"])] for o in operators["top"][:top]]
+        parts.append(f"top {operators['framework']} operators by self time (predict total "
+                     f"{operators['predict_total_ms']} ms, from {operators['predict_basis']})\n"
+                     + format_table(["operator", "calls", "self ms", "% of predict"], rows))
+    python = summary.get("python")
+    if python and python.get("top_functions"):
+        rows = [[f["function"], _short(f["where"]), f["self_ms"], _pct(f["share"])] for f in python["top_functions"][:top]]
+        parts.append(f"python: {python['samples']} samples on {python['threads']} thread(s), "
+                     f"see {python.get('html')}\n" + format_table(["function", "where", "self ms", "% of samples"], rows))
+    system = summary.get("system")
+    if system:
+        rows = [[k, v["mean"], v["max"]] for k, v in system.get("series", {}).items()]
+        rows += [[f"perf {k}", v["value"], ""] for k, v in system.get("perf_stat", {}).items()]
+        parts.append("system\n" + format_table(["measure", "mean / value", "max"], rows))
+        if system.get("unavailable"):
+            parts.append("unavailable: " + "; ".join(f"{k}: {v}" for k, v in system["unavailable"].items()))
+    return "\n\n".join(parts)
+
+
+def _overhead(summary: dict[str, Any], level: str) -> list[Any]:
+    figure = summary.get("overhead", {}).get("per_level", {}).get(level)
+    return [figure["overhead_pct"], figure["noise_pct"]] if figure else [None, None]
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}"
+
+
+def _short(where: str) -> str:
+    """The last two parts of a path (package/module.py:line) keep the table narrow."""
+    return "/".join(where.split("/")[-2:])
