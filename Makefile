@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test clean asan
 
 setup: $(STAMP)
 
@@ -24,6 +24,21 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# The extension built with AddressSanitizer into its own tree (the in-place build stays as it is),
+# then its tests run there with libasan preloaded; PYTHONMALLOC=malloc lets ASan see Python's objects,
+# detect_leaks=0 because the interpreter keeps memory at exit by design; --capture=sys so a report
+# written to fd 2 by an aborting process is not lost in pytest's capture file.
+ASAN_DIR := build/asan
+ASAN_RUN  = cd $(ASAN_DIR)/src && PYTHONPATH=. PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	    LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(abspath $(PY))
+asan: setup
+	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)/src
+	cp -r harness sut $(ASAN_DIR)/src/ && rm -f $(ASAN_DIR)/src/sut/_native*.so
+	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" LDFLAGS="-fsanitize=address" \
+	  $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/src --build-temp $(ASAN_DIR)/tmp --force
+	$(ASAN_RUN) -c "import sut._native as n; assert n.__file__.startswith('$(abspath $(ASAN_DIR))'), n.__file__"
+	$(ASAN_RUN) -m pytest -q -p no:cacheprovider --capture=sys --rootdir=$(CURDIR) $(CURDIR)/tests/test_native_handoff.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info sut/_native*.so

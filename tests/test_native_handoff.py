@@ -1,0 +1,272 @@
+"""The native handoff (sut._native) against the Python one, and both against a real LoadGen run:
+gathered rows equal, logged response bytes equal the result rows, `results` is released when
+complete() returns, nothing leaks over a million responses, bad rows are refused."""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+from typing import Callable
+
+import mlperf_loadgen as lg
+import numpy as np
+import pytest
+
+from sut import _native
+from sut.handoff import PythonHandoff, load_handoff
+
+# Every way a response can reach LoadGen: the Python baseline, and the C extension through LoadGen's
+# C entry point and through its pybind11 objects (the fallback when that entry point is not found).
+HANDOFFS: dict[str, Callable[[], object]] = {
+    "python": PythonHandoff,
+    "native-loadgen-c": lambda: _native.NativeHandoff(completion="loadgen-c"),
+    "native-pybind": lambda: _native.NativeHandoff(completion="pybind"),
+}
+
+
+def run_loadgen(issue: Callable[[list[int], list[int]], None], *, samples: int, mode: lg.TestMode,
+                outdir: Path, expected_qps: float = 1000.0, min_duration_ms: int = 0) -> None:
+    """One Offline run with ConstructFastSUT/ConstructQSL; the QSL holds nothing (tests stage their own).
+
+    An exception inside the issue callback would end up in a LoadGen thread, so it is kept and
+    re-raised here, and the query is completed empty so the run still ends."""
+    errors: list[BaseException] = []
+
+    def guarded_issue(query_ids: list[int], sample_indices: list[int]) -> None:
+        try:
+            issue(query_ids, sample_indices)
+        except BaseException as exc:  # noqa: BLE001 - re-raised after the run
+            errors.append(exc)
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(qid, 0, 0) for qid in query_ids])
+
+    sut = lg.ConstructFastSUT(guarded_issue, lambda: None)
+    qsl = lg.ConstructQSL(samples, samples, lambda indices: None, lambda indices: None)
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.Offline
+    settings.mode = mode
+    settings.offline_expected_qps = expected_qps
+    settings.min_duration_ms = min_duration_ms
+    settings.min_query_count = 1
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(outdir)
+    log_settings.log_output.copy_summary_to_stdout = False
+    try:
+        lg.StartTestWithLogSettings(sut, qsl, settings, log_settings)
+    finally:
+        lg.DestroyQSL(qsl)
+        lg.DestroyFastSUT(sut)
+    if errors:
+        raise errors[0]
+
+
+# ------------------------------------------------------------------------------------------ gather
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32,
+                                   np.int64, np.bool_, np.complex64])
+@pytest.mark.parametrize("row_shape", [(), (7,), (3, 5, 2)])
+def test_gather_matches_python(dtype: type, row_shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(abs(hash((np.dtype(dtype).str, row_shape))) % 2**32)
+    staged = (rng.standard_normal((50, *row_shape)) * 100).astype(dtype)
+    rows = rng.integers(0, len(staged), size=33)  # repeats included
+    native, python = _native.NativeHandoff(), PythonHandoff()
+    expected = np.empty((len(rows), *row_shape), dtype)
+    python.gather(staged, rows, expected)
+    for row_numbers in (rows, rows.astype(np.int32), rows.astype(np.uint64), rows.tolist(), tuple(rows.tolist())):
+        got = np.full_like(expected, 1)
+        native.gather(staged, row_numbers, got)
+        assert got.tobytes() == expected.tobytes()
+    assert expected.tobytes() == staged[rows].tobytes()
+
+
+def test_gather_large_copy_releases_gil_and_matches() -> None:
+    # Above the size at which the copy runs without the GIL.
+    staged = np.random.default_rng(1).standard_normal((64, 3, 64, 64)).astype(np.float32)
+    rows = np.array([63, 0, 5, 5, 17, 63, 2, 40])
+    out = np.empty((len(rows), 3, 64, 64), np.float32)
+    _native.NativeHandoff().gather(staged, rows, out)
+    np.testing.assert_array_equal(out, staged[rows])
+
+
+def test_gather_empty_batch() -> None:
+    staged = np.ones((4, 3), np.float32)
+    out = np.empty((0, 3), np.float32)
+    _native.NativeHandoff().gather(staged, np.array([], np.int64), out)
+
+
+@pytest.mark.parametrize("name", ["python", "native"])
+@pytest.mark.parametrize("bad_row", [10, 11, -1, 2**40])
+def test_gather_out_of_bounds_row_raises(name: str, bad_row: int) -> None:
+    handoff = PythonHandoff() if name == "python" else _native.NativeHandoff()
+    staged = np.arange(40, dtype=np.float32).reshape(10, 4)
+    out = np.full((3, 4), -7.0, np.float32)
+    with pytest.raises(IndexError, match=str(bad_row)):
+        handoff.gather(staged, np.array([0, bad_row, 9]), out)
+    if name == "native":
+        assert (out == -7.0).all(), "a bad row must be found before anything is copied"
+
+
+def test_gather_refuses_mismatched_out() -> None:
+    native = _native.NativeHandoff()
+    staged = np.zeros((10, 4), np.float32)
+    with pytest.raises(TypeError, match="elements"):
+        native.gather(staged, [1, 2], np.empty((2, 4), np.float64))
+    with pytest.raises(ValueError, match="rows"):
+        native.gather(staged, [1, 2], np.empty((3, 4), np.float32))
+    with pytest.raises(ValueError, match="rows"):
+        native.gather(staged, [1, 2], np.empty((2, 5), np.float32))
+    with pytest.raises(ValueError, match="overlaps"):
+        native.gather(staged, [1, 2], staged[4:6])
+    with pytest.raises(TypeError, match="integer"):
+        native.gather(staged, np.array([1.0, 2.0]), np.empty((2, 4), np.float32))
+    # numpy refuses these buffer requests itself (ValueError); other exporters raise BufferError.
+    with pytest.raises((BufferError, ValueError), match="contiguous"):
+        native.gather(staged, [1, 2], np.empty((2, 8), np.float32)[:, ::2])
+    with pytest.raises((BufferError, ValueError), match="read-only"):
+        readonly = np.empty((2, 4), np.float32)
+        readonly.flags.writeable = False
+        native.gather(staged, [1, 2], readonly)
+
+
+# ---------------------------------------------------------------------------- complete, real LoadGen
+
+def logged_responses(outdir: Path) -> dict[int, bytes]:
+    entries = json.loads((outdir / "mlperf_log_accuracy.json").read_text())
+    return {entry["qsl_idx"]: bytes.fromhex(entry["data"]) for entry in entries}
+
+
+@pytest.mark.parametrize("kind", list(HANDOFFS))
+@pytest.mark.parametrize("row_shape,dtype", [((5,), np.float32), ((3, 2), np.int64), ((1,), np.uint8)])
+def test_complete_logs_the_result_rows(kind: str, row_shape: tuple[int, ...], dtype: type, tmp_path: Path) -> None:
+    handoff = HANDOFFS[kind]()
+    samples = 37
+    outputs = (np.random.default_rng(7).standard_normal((samples, *row_shape)) * 1000).astype(dtype)
+    refcounts: list[tuple[int, int]] = []
+
+    def issue(query_ids: list[int], sample_indices: list[int]) -> None:
+        # Odd chunks, and ids both as a list and as a uint64 array, as a SUT might pass them.
+        for start in range(0, len(query_ids), 5):
+            ids = query_ids[start:start + 5]
+            result = np.ascontiguousarray(outputs[sample_indices[start:start + 5]])
+            before = sys.getrefcount(result)
+            handoff.complete(ids if start % 2 == 0 else np.array(ids, np.uint64), result)
+            refcounts.append((before, sys.getrefcount(result)))
+
+    run_loadgen(issue, samples=samples, mode=lg.TestMode.AccuracyOnly, outdir=tmp_path)
+    logged = logged_responses(tmp_path)
+    assert sorted(logged) == list(range(samples))
+    for index, data in logged.items():
+        assert data == outputs[index].tobytes(), f"sample {index}"
+    assert refcounts and all(before == after for before, after in refcounts)
+
+
+@pytest.mark.parametrize("kind", list(HANDOFFS))
+def test_complete_refuses_ragged_results(kind: str, tmp_path: Path) -> None:
+    handoff = HANDOFFS[kind]()
+    seen: list[BaseException] = []
+
+    def issue(query_ids: list[int], sample_indices: list[int]) -> None:
+        try:
+            handoff.complete(query_ids, np.zeros(len(query_ids) * 4 + 1, np.uint8))
+        except ValueError as exc:
+            seen.append(exc)
+        handoff.complete(query_ids, np.zeros((len(query_ids), 4), np.uint8))
+
+    run_loadgen(issue, samples=3, mode=lg.TestMode.AccuracyOnly, outdir=tmp_path)
+    assert len(seen) == 1 and "rows" in str(seen[0])
+
+
+@pytest.mark.parametrize("kind", list(HANDOFFS))
+def test_complete_refuses_strided_results_before_calling_loadgen(kind: str) -> None:
+    # Refused before any response is built, so the (invalid) ids never reach LoadGen.
+    with pytest.raises(ValueError, match="contiguous"):
+        HANDOFFS[kind]().complete([1, 2], np.zeros((2, 8), np.float32)[:, ::2])
+
+
+def test_default_handoff_is_native_and_env_selects_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLHARNESS_HANDOFF", raising=False)
+    handoff = load_handoff()
+    assert handoff.name == "native"
+    # The C entry point is found in the pinned mlcommons-loadgen wheel; falling back would be slower.
+    assert handoff.completion == "loadgen-c", _native.loadgen_c_unavailable_reason()
+    monkeypatch.setenv("MLHARNESS_HANDOFF", "python")
+    assert load_handoff().name == "python"
+    with pytest.raises(ValueError, match="completion"):
+        _native.NativeHandoff(completion="fast")
+
+
+# ------------------------------------------------------------------------------------------ leaks
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def heap_in_use() -> int:
+    """Bytes malloc has handed out and not got back (glibc), whatever the allocator keeps cached."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def resident_bytes() -> int:
+    libc = ctypes.CDLL(None)
+    libc.malloc_trim(0)  # hand freed heap back first, so RSS shows what is still allocated
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * libc.getpagesize()
+
+
+def under_address_sanitizer() -> bool:
+    """`make asan` preloads libasan: its allocator quarantines freed memory, so RSS and glibc's heap
+    figures say nothing there (Python-level accounting still holds)."""
+    with open("/proc/self/maps") as maps:
+        return "libasan" in maps.read()
+
+
+@pytest.mark.parametrize("kind", ["native-loadgen-c", "native-pybind"])
+def test_no_leak_over_a_million_responses(kind: str) -> None:
+    handoff = HANDOFFS[kind]()
+    chunk = 1000
+    results = np.arange(chunk * 4, dtype=np.float32).reshape(chunk, 4)
+    completed = [0]
+    refcount = sys.getrefcount(results)
+
+    def issue(query_ids: list[int], sample_indices: list[int]) -> None:
+        for start in range(0, len(query_ids), chunk):
+            ids = query_ids[start:start + chunk]
+            handoff.complete(ids, results[: len(ids)])
+            completed[0] += len(ids)
+
+    def run_half_a_million(outdir: Path) -> None:
+        run_loadgen(issue, samples=1024, mode=lg.TestMode.PerformanceOnly, outdir=outdir,
+                    expected_qps=500_000 / 1.1, min_duration_ms=1000)
+        gc.collect()
+
+    with tempfile.TemporaryDirectory() as outdir:
+        run_half_a_million(Path(outdir))  # warm-up: one-time growth of LoadGen and the allocator
+        rss_before, blocks_before = resident_bytes(), sys.getallocatedblocks()
+        tracemalloc.start()
+        completed[0] = 0
+        heap = [heap_in_use()]
+        for _ in range(2):
+            run_half_a_million(Path(outdir))
+            heap.append(heap_in_use())
+        traced_growth = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        rss_growth, block_growth = resident_bytes() - rss_before, sys.getallocatedblocks() - blocks_before
+
+    assert completed[0] >= 1_000_000
+    assert sys.getrefcount(results) == refcount
+    # A leaked object or response struct per sample would be >= 1e6 blocks, >= 16 MB per run.
+    assert block_growth < 10_000, block_growth
+    assert traced_growth < 1_000_000, traced_growth
+    # LoadGen grows its trace buffers once (about 16 MB) when its log thread lags, in whichever run
+    # that happens; a leak grows the heap in both runs.
+    if not under_address_sanitizer():
+        heap_growth = min(heap[1] - heap[0], heap[2] - heap[1])
+        assert heap_growth < 2 * 2**20, heap
+        assert rss_growth < 64 * 2**20, rss_growth
