@@ -56,3 +56,47 @@ def topk(outputs: Mapping[int, np.ndarray], labels: Sequence[Any], params: dict[
     first = k_values[0]
     headline = f"accuracy={100.0 * values[f'top{first}']:.3f}%, good={hits[first]}, total={total}"
     return MetricResult(values, headline, {"good": hits, "total": total})
+
+
+def _scored_pairs(outputs: Mapping[int, np.ndarray], labels: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(cosine similarity, gold score) for every scored pair whose two outputs are present.
+
+    The label of sample i lists the pairs it opens, [[j, score], ...]: each pair is listed once and
+    its two outputs are read back by sample index, whatever order LoadGen logged them in."""
+    predicted, gold, skipped = [], [], 0
+    for index in sorted(outputs):
+        pairs = labels[index] or []
+        for pair in pairs:
+            other, score = int(pair[0]), float(pair[1])
+            if other not in outputs:
+                skipped += 1  # a run over part of the dataset (dataset_limit) leaves some pairs open
+                continue
+            a = np.asarray(outputs[index], np.float64).reshape(-1)
+            b = np.asarray(outputs[other], np.float64).reshape(-1)
+            norms = np.linalg.norm(a) * np.linalg.norm(b)
+            predicted.append(float(a @ b / norms) if norms else 0.0)
+            gold.append(score)
+    return np.asarray(predicted), np.asarray(gold), skipped
+
+
+def _correlation(kind: str, outputs: Mapping[int, np.ndarray], labels: Sequence[Any]) -> MetricResult:
+    predicted, gold, skipped = _scored_pairs(outputs, labels)
+    if len(gold) < 2:
+        raise UserError(f"{kind}: expected at least 2 scored pairs with both outputs logged, got {len(gold)}")
+    from scipy import stats  # only the pair metrics need scipy
+
+    value = float(stats.spearmanr(predicted, gold)[0] if kind == "spearman" else stats.pearsonr(predicted, gold)[0])
+    headline = f"{kind}={value:.4f}, pairs={len(gold)}" + (f", skipped={skipped}" if skipped else "")
+    return MetricResult({kind: value}, headline, {"pairs": len(gold), "skipped": skipped})
+
+
+@metric("spearman_pairs")
+def spearman_pairs(outputs: Mapping[int, np.ndarray], labels: Sequence[Any], params: dict[str, Any]) -> MetricResult:
+    """Rank correlation between the cosine similarity of two samples' outputs and a gold score."""
+    return _correlation("spearman", outputs, labels)
+
+
+@metric("pearson_pairs")
+def pearson_pairs(outputs: Mapping[int, np.ndarray], labels: Sequence[Any], params: dict[str, Any]) -> MetricResult:
+    """Linear correlation between the cosine similarity of two samples' outputs and a gold score."""
+    return _correlation("pearson", outputs, labels)
