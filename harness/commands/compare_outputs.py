@@ -1,0 +1,37 @@
+"""`mlharness compare-outputs MODEL --dataset D --backends torch,onnxruntime`: the same samples through
+two backends' manifests of one model; per output, max |diff|, cosine similarity and top-1
+agreement; exit 1 when any is beyond the tolerance."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def cmd_compare_outputs(args: argparse.Namespace) -> int:
+    from harness.atomic_io import write_json
+    from harness.divergence import Tolerance, compare_backends
+    from harness.specs import default_index
+
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    tolerance = Tolerance(args.tolerance, args.min_cosine, args.min_agreement)
+    report = compare_backends(default_index(), args.model, args.dataset, backends, tolerance,
+                              hardware=args.hardware, limit=args.limit, batch_size=args.batch_size)
+    print(report.text(), end="")
+    if args.json:
+        write_json(Path(args.json), report.as_dict())
+    return 0 if report.passed else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("compare-outputs", help="run two backends on the same samples and compare their outputs")
+    parser.add_argument("model", help="model name with a manifest for each backend")
+    parser.add_argument("--dataset", help="dataset manifest name or path (default: the model's)")
+    parser.add_argument("--backends", default="torch,onnxruntime", help="two backends, comma-separated (default: torch,onnxruntime)")
+    parser.add_argument("--hardware", default="cpu", help="hardware manifest (default: cpu)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N samples (default: all)")
+    parser.add_argument("--batch-size", type=int, default=0, help="batch size (default: the model's max_batch_size)")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="largest allowed max |diff| (default: 1e-3)")
+    parser.add_argument("--min-cosine", type=float, default=0.9999, help="smallest allowed mean cosine similarity (default: 0.9999)")
+    parser.add_argument("--min-agreement", type=float, default=1.0, help="smallest allowed top-1 agreement (default: 1.0)")
+    parser.add_argument("--json", help="also write the report as JSON to this file")
+    parser.set_defaults(func=cmd_compare_outputs)
