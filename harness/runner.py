@@ -232,7 +232,7 @@ def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str)
         return None
     import profiling
 
-    return profiling.session(request.profile, where.stage("profile"), request.scenario)
+    return profiling.new_session(request.profile, where.stage("profile"), request.scenario)
 
 
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,

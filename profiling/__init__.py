@@ -19,10 +19,10 @@ def parse_levels(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def session(levels: list[str], out_dir, scenario: str = "", calibrate: bool = True):  # noqa: ANN001, ANN201
+def new_session(levels: list[str], out_dir, scenario: str = "", calibrate: bool = True):  # noqa: ANN001, ANN201
     from profiling.session import ProfileSession
 
     return ProfileSession(levels, out_dir, scenario, calibrate)
 
 
-__all__ = ["LEVELS", "parse_levels", "session"]
+__all__ = ["LEVELS", "new_session", "parse_levels"]

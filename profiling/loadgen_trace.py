@@ -12,7 +12,7 @@ from profiling.stats import stage_stats
 from profiling.tracer import AsyncSpan, Span
 
 # LoadGen's query-path spans; its logging and IO-thread spans stay in its own file.
-KEPT_SPANS = frozenset({"IssueQuery", "QuerySamplesComplete", "SampleLoop", "GenerateQueries"})
+KEPT_SPANS = frozenset({"IssueQuery", "QuerySamplesComplete", "GenerateQueries"})
 TRACK = "loadgen"
 
 

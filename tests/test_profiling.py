@@ -1,0 +1,201 @@
+"""Profiling: every level yields valid spans on resnet50-light (ONNX Runtime) and on a PyTorch model,
+through the real CLI, LoadGen and frameworks; the merged timeline is sound (valid JSON, timestamps
+in order, spans nested, framework runs inside the model's predict spans); levels and counters that
+cannot run here are reported unavailable with a reason, never filled in."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import read_run, run_cli, scenario_root, write_manifest
+from harness.errors import UserError
+from profiling import LEVELS, parse_levels
+from profiling.perf_stat import HARDWARE_EVENTS, parse
+from profiling.timeline import check
+
+
+def _profile(results: Path, model: str, scenario: str) -> tuple[dict, dict]:
+    folder = scenario_root(results, model, scenario) / "profile"
+    timeline = json.loads((folder / "timeline.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    return timeline, summary
+
+
+def _spans(timeline: dict, cat: str, name: str | None = None) -> list[dict]:
+    return [e for e in timeline["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") == cat and (name is None or e["name"] == name)]
+
+
+def _assert_sound(timeline: dict) -> None:
+    assert check(timeline) == []
+    stamps = [e["ts"] for e in timeline["traceEvents"] if e.get("ph") != "M"]
+    assert stamps == sorted(stamps)
+    assert timeline["otherData"]["nesting"]["overlapping"] == 0
+
+
+def _assert_framework_inside_predict(timeline: dict, run_name: str | None) -> None:
+    """Every framework span sits inside one model-level predict span on the same thread: the
+    framework's realtime stamps were moved onto the harness's monotonic clock correctly."""
+    predicts = _spans(timeline, "model", "predict")
+    framework = _spans(timeline, "framework", run_name)
+    assert predicts and framework
+    for span in framework:
+        assert any(p["pid"] == span["pid"] and p["tid"] == span["tid"] and p["ts"] <= span["ts"]
+                   and span["ts"] + span["dur"] <= p["ts"] + p["dur"] + 1e-3 for p in predicts), span
+
+
+def _assert_system_honest(summary: dict) -> None:
+    system = summary["system"]
+    assert system["samples"] >= 1 and "rss_mib" in system["series"]
+    unavailable = system["unavailable"]
+    if "perf" not in unavailable:  # perf is installed: each hardware counter is a value or a reason
+        for event in HARDWARE_EVENTS:
+            assert (event in system["perf_stat"]) != (f"perf:{event}" in unavailable), event
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        assert "nvml" in unavailable and unavailable["nvml"]
+
+
+def test_parse_levels() -> None:
+    assert parse_levels("full") == list(LEVELS)
+    assert parse_levels("model, harness,model") == ["model", "harness"]
+    with pytest.raises(UserError, match="--profile: expected a comma list"):
+        parse_levels("harness,gpu")
+
+
+def test_resnet50_offline_full_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "r"
+    assert run_cli("run", "resnet50-light", "--scenario", "Offline", "--quick", "--profile", "full",
+                   "--results-dir", results) == 0
+    timeline, summary = _profile(results, "resnet50-light", "Offline")
+    _assert_sound(timeline)
+    assert {level: info["status"] for level, info in summary["levels"].items()} == {level: "ok" for level in LEVELS}
+    for level in ("harness", "model", "framework", "python"):
+        assert _spans(timeline, level), level
+    assert any(e.get("ph") == "C" for e in timeline["traceEvents"])  # system counters
+    _assert_framework_inside_predict(timeline, "model_run")
+    assert summary["stages"]["predict"]["count"] >= 1 and summary["stages"]["query"]["p90_ms"] > 0
+    top = summary["operators"]["top"]
+    assert top[0]["op"] == "Conv" and 0 < top[0]["share_of_predict"] <= 1
+    assert set(summary["overhead"]["per_level"]) == set(LEVELS)
+    assert (scenario_root(results, "resnet50-light", "Offline") / "profile" / "python.html").is_file()
+    _assert_system_honest(summary)
+    record = read_run(results, "resnet50-light", "Offline")
+    assert record["profile"]["levels"]["framework"] == "ok" and record["profile"]["top_operators"][0]["op"] == "Conv"
+
+    capsys.readouterr()
+    assert run_cli("profile", "show", scenario_root(results, "resnet50-light", "Offline")) == 0
+    shown = capsys.readouterr().out
+    assert "stages (ms)" in shown and "Conv" in shown and "predict" in shown
+
+
+@pytest.mark.parametrize("scenario", ["SingleStream", "Server"])
+def test_resnet50_latency_scenarios_with_loadgen_trace(tmp_path: Path, scenario: str) -> None:
+    results = tmp_path / "r"
+    assert run_cli("run", "resnet50-light", "--scenario", scenario, "--quick", "--profile", "harness,model,framework",
+                   "--set", "enable_trace=1", "--results-dir", results) == 0
+    timeline, summary = _profile(results, "resnet50-light", scenario)
+    _assert_sound(timeline)
+    _assert_framework_inside_predict(timeline, "model_run")
+    assert summary["harness"]["loadgen_trace"]["status"] == "ok"
+    queries = [e for e in timeline["traceEvents"] if e.get("ph") == "b" and e["name"] == "query"]
+    samples = [e for e in timeline["traceEvents"] if e.get("ph") == "b" and e["name"] == "loadgen_sample"]
+    assert len(samples) == summary["harness"]["samples"] and queries
+    # LoadGen stamps a sample's issue before calling the SUT: on one clock, it comes first.
+    assert min(e["ts"] for e in samples) <= min(e["ts"] for e in queries)
+
+
+TORCH_MODEL = """\
+    kind: model
+    name: tiny-cnn
+    version: 1.0.0
+    framework: {name: torch, version: ">=2.0"}
+    dataset: null-samples
+    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 10]}]
+    sources:
+      module:
+        factory: |
+          import torch
+          class TinyCNN(torch.nn.Module):
+              def __init__(self):
+                  super().__init__()
+                  torch.manual_seed(0)
+                  self.lift = torch.nn.Linear(1, 3 * 16 * 16)
+                  self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+                  self.head = torch.nn.Linear(8, 10)
+              def forward(self, x):
+                  h = torch.relu(self.conv(self.lift(x).view(-1, 3, 16, 16)))
+                  return self.head(h.mean(dim=(2, 3)))
+          def factory(ctx):
+              return TinyCNN()
+    preprocess: |
+      import numpy as np
+      def preprocess(sample, ctx):
+          return np.array([sample % 7], dtype=np.float32)
+    attributes:
+      max_batch_size: 8
+      settings: {Offline: {target_qps: 2000}}
+    accuracy: {metric: topk, k: [1]}
+    """
+
+
+def test_torch_model_full_profile(tmp_path: Path, specs_copy: Path) -> None:
+    pytest.importorskip("torch")
+    write_manifest(specs_copy / "models", "tiny-cnn.yaml", TORCH_MODEL)
+    results = tmp_path / "r"
+    assert run_cli("run", "tiny-cnn", "--scenario", "Offline", "--quick", "--profile", "full",
+                   "--results-dir", results) == 0
+    timeline, summary = _profile(results, "tiny-cnn", "Offline")
+    _assert_sound(timeline)
+    assert all(info["status"] == "ok" for info in summary["levels"].values())
+    assert summary["operators"]["framework"] == "torch"
+    assert any(op["op"] == "aten::mkldnn_convolution" for op in summary["operators"]["top"])
+    _assert_framework_inside_predict(timeline, None)  # torch ops run on the SUT's worker thread
+    assert {"harness", "model", "python"} <= {e.get("cat") for e in timeline["traceEvents"]}
+
+
+def test_null_backend_framework_level_is_unavailable_and_off_costs_nothing(tmp_path: Path) -> None:
+    results = tmp_path / "r"
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--profile", "framework,harness",
+                   "--results-dir", results) == 0
+    timeline, summary = _profile(results, "null", "Offline")
+    assert summary["levels"]["framework"]["status"] == "unavailable"
+    assert "null backend has no framework profiler" in summary["levels"]["framework"]["reason"]
+    assert not _spans(timeline, "framework") and _spans(timeline, "harness", "batch")
+    assert read_run(results, "null", "Offline")["profile"]["unavailable"]["framework"]
+
+    plain = tmp_path / "plain"
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", plain) == 0
+    assert read_run(plain, "null", "Offline")["profile"] is None
+    assert not (scenario_root(plain, "null", "Offline") / "profile").exists()
+
+
+def test_perf_counters_not_supported_are_unavailable() -> None:
+    stderr = "5.2,msec,task-clock,5200000,100.00,0.9,CPUs utilized\n<not supported>,,cycles,0,100.00,,\n"
+    parsed = parse(stderr, ("task-clock", "cycles", "instructions"), 0)
+    assert parsed["counters"] == {"task-clock": {"value": 5.2, "unit": "msec"}}
+    assert "not supported" in parsed["unavailable"]["cycles"]
+    assert "exited 0" in parsed["unavailable"]["instructions"]
+
+
+def test_nvml_without_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiling import nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    module, handles, reason = nvml.open_devices()
+    assert module is None and handles == [] and reason
+
+
+def test_timeline_check_finds_crossing_spans_and_disorder() -> None:
+    bad = {"traceEvents": [
+        {"name": "a", "ph": "X", "ts": 0.0, "dur": 10.0, "pid": 1, "tid": 1},
+        {"name": "b", "ph": "X", "ts": 5.0, "dur": 10.0, "pid": 1, "tid": 1},
+        {"name": "c", "ph": "X", "ts": 1.0, "dur": 1.0, "pid": 1, "tid": 2},
+    ]}
+    problems = check(bad)
+    assert any("overlaps a" in p for p in problems) and any("before the previous" in p for p in problems)
