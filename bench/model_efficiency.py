@@ -1,0 +1,245 @@
+"""How much of a real model's speed mlharness keeps: resnet50-light (and mobilenet-v2 when it can be
+built here) on ONNX Runtime, mlharness against a plain `session.run` loop on the same graph and data.
+
+- offline_ratio: mlharness Offline samples/s with its defaults (no tuning flags) over the raw loop at
+  the same batch size and threads.
+- singlestream_p90_ratio: mlharness SingleStream p90 over the raw loop's p90 (batch 1, same threads).
+- offline_default_vs_best_raw: the same mlharness figure over the best raw loop among batch sizes
+  {1, 2, 4, 8} and intra-op threads {1, 2}.
+
+Each measurement runs in a fresh subprocess (peak RSS reported per run). Printed, and written to
+bench/out/model_efficiency.json.
+
+    .venv/bin/python bench/model_efficiency.py [--seconds 15] [--models resnet50-light mobilenet-v2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "model_efficiency.json"
+RESULT_MARK = "BENCH-RESULT "
+BATCH_SIZES = (1, 2, 4, 8)
+THREADS = (1, 2)
+DEFAULT_THREADS = 0  # what the harness passes by default: ONNX Runtime chooses
+WARMUP_RUNS = 3
+
+
+# ------------------------------------------------------------------------------ children
+
+def _runtime(model_name: str, batch: int, threads: int) -> Any:
+    from harness.specs import default_index
+    from harness.runner import select_model
+    from sut.runtime import build_runtime
+
+    index = default_index()
+    model = select_model(index, model_name, "onnxruntime")
+    dataset = index.find("dataset", model.default_dataset)
+    options = {"max_batch_size": batch, "workers": 1, "intra_op_threads": threads}
+    return build_runtime(model, dataset, index.find("hardware", "cpu"), "onnxruntime", options)
+
+
+def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencies: bool) -> dict[str, Any]:
+    """A plain loop: the harness's graph and preprocessed samples, our own session, nothing else."""
+    import numpy as np
+    import onnxruntime as ort
+
+    runtime = _runtime(model_name, batch, threads)
+    graph = runtime.backend.graph_path
+    runtime.backend.close()
+    count = min(len(runtime.staged), int(runtime.model.attributes.get("performance_sample_count", 64)))
+    runtime.staged.load_samples(list(range(count)))
+    arrays = runtime.staged.arrays
+    batches = [{name: np.ascontiguousarray(a[start:start + batch]) for name, a in arrays.items()}
+               for start in range(0, count - batch + 1, batch)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in runtime.model.outputs]
+    for feed in batches[:WARMUP_RUNS]:
+        session.run(outputs, feed)
+
+    samples, times = 0, []
+    started = time.perf_counter_ns()
+    deadline = started + int(seconds * 1e9)
+    now = started
+    i = 0
+    while now < deadline:
+        feed = batches[i % len(batches)]
+        session.run(outputs, feed)
+        end = time.perf_counter_ns()
+        times.append(end - now)
+        samples += batch
+        now = end
+        i += 1
+    elapsed = (now - started) / 1e9
+    result = {"samples_per_second": samples / elapsed, "runs": len(times)}
+    if latencies:
+        result["p90_latency_ns"] = int(np.percentile(times, 90))
+        result["p50_latency_ns"] = int(np.percentile(times, 50))
+    return result
+
+
+def harness_run(model_name: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
+    from harness.runner import RunRequest, run
+
+    with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as results_dir:
+        record = run(RunRequest(model=model_name, scenario=scenario, backend="onnxruntime", overrides=overrides,
+                                results_dir=Path(results_dir), command="bench/model_efficiency.py"))
+    summary = record.performance
+    return {"valid": summary.get("valid"), "samples_per_second": summary.get("samples_per_second"),
+            "p90_latency_ns": summary.get("p90_latency_ns"), "p50_latency_ns": summary.get("p50_latency_ns"),
+            "backend": record.backend_info, "harness_settings": record.settings.get("harness")}
+
+
+def child(spec: dict[str, Any]) -> None:
+    sys.path.insert(0, str(ROOT))
+    started = time.perf_counter()
+    if spec["kind"] == "probe":
+        _runtime(spec["model"], 1, 1).backend.close()
+        return
+    if spec["kind"] == "raw":
+        result = raw_loop(spec["model"], spec["batch"], spec["threads"], spec["seconds"], spec["latencies"])
+    else:
+        result = harness_run(spec["model"], spec["scenario"], spec["overrides"])
+    result["wall_seconds"] = round(time.perf_counter() - started, 3)
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(RESULT_MARK + json.dumps(result), flush=True)
+
+
+# ------------------------------------------------------------------------------ parent
+
+def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
+                             text=True, timeout=1800, cwd=ROOT)
+    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
+    run = {**spec, **json.loads(lines[-1][len(RESULT_MARK):])}
+    runs.append(run)
+    label = (f"raw batch={spec['batch']} threads={spec['threads'] or 'default'}" if spec["kind"] == "raw"
+             else f"mlharness {spec['scenario']} {' '.join(spec['overrides'])}")
+    figure = (f"p90 {run['p90_latency_ns'] / 1e6:.2f} ms" if spec.get("latencies") or spec.get("scenario") == "SingleStream"
+              else f"{run['samples_per_second']:.2f} samples/s")
+    print(f"  {spec['model']:15s} {label:70s} {figure:>20s}  rss={run['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+    return run
+
+
+def model_figures(model: str, seconds: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    raw = lambda batch, threads, latencies=False: measure(  # noqa: E731 - a local shorthand
+        {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
+         "latencies": latencies}, runs)
+    grid = {f"b{b}_t{t}": raw(b, t)["samples_per_second"] for b in BATCH_SIZES for t in THREADS}
+    default_batch = _default_batch(model)
+    same_config = raw(default_batch, DEFAULT_THREADS)["samples_per_second"]
+    raw_singlestream = raw(1, DEFAULT_THREADS, latencies=True)["p90_latency_ns"]
+
+    # LoadGen's Offline query is sized from target_qps: the raw rate makes the run last about `seconds`.
+    duration_ms = int(seconds * 1000)
+    offline = measure({"kind": "harness", "model": model, "scenario": "Offline",
+                       "overrides": [f"target_qps={same_config:.3f}", f"min_duration={duration_ms}",
+                                     "min_query_count=1"]}, runs)
+    singlestream = measure({"kind": "harness", "model": model, "scenario": "SingleStream",
+                            "overrides": [f"min_duration={duration_ms}", "min_query_count=1"]}, runs)
+    best_key = max(grid, key=grid.get)
+    return {
+        "offline_ratio": round(offline["samples_per_second"] / same_config, 4),
+        "singlestream_p90_ratio": round(singlestream["p90_latency_ns"] / raw_singlestream, 4),
+        "offline_default_vs_best_raw": round(offline["samples_per_second"] / grid[best_key], 4),
+        "mlharness_offline_sps": offline["samples_per_second"],
+        "mlharness_offline_valid": offline["valid"],
+        "mlharness_singlestream_p90_ns": singlestream["p90_latency_ns"],
+        "mlharness_defaults": {"max_batch_size": default_batch, "intra_op_threads": DEFAULT_THREADS,
+                               "backend": offline.get("backend")},
+        "raw_same_config_sps": same_config,
+        "raw_singlestream_p90_ns": raw_singlestream,
+        "raw_grid_sps": grid,
+        "raw_best": {"config": best_key, "samples_per_second": grid[best_key]},
+    }
+
+
+def _default_batch(model: str) -> int:
+    sys.path.insert(0, str(ROOT))
+    from harness.runner import select_model
+    from harness.specs import default_index
+
+    return int(select_model(default_index(), model, "onnxruntime").attributes.get("max_batch_size", 1))
+
+
+def available(model: str) -> str | None:
+    """None when the model's ONNX graph can be built here, else why not (mobilenet-v2 needs its
+    recorded torch-to-ONNX conversion, which needs torch and the weights package)."""
+    spec = json.dumps({"kind": "probe", "model": model})
+    process = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
+                             timeout=1800, cwd=ROOT)
+    return None if process.returncode == 0 else (process.stderr.strip().splitlines() or ["failed"])[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of each measured loop or LoadGen run")
+    parser.add_argument("--models", nargs="+", default=["resnet50-light", "mobilenet-v2"])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+
+    runs: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} (cpus: {os.cpu_count()})")
+    models: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for model in args.models:
+        reason = available(model)
+        if reason:
+            skipped[model] = reason
+            print(f"  {model}: skipped ({reason})")
+            continue
+        models[model] = model_figures(model, args.seconds, runs)
+
+    main_model = models.get("resnet50-light") or next(iter(models.values()), {})
+    figures = {
+        **{key: main_model.get(key) for key in ("offline_ratio", "singlestream_p90_ratio", "offline_default_vs_best_raw",
+                                                "mlharness_offline_sps", "mlharness_singlestream_p90_ns",
+                                                "raw_same_config_sps", "raw_singlestream_p90_ns", "raw_best")},
+        "targets": {
+            "offline_ratio_ge_0.98": (main_model.get("offline_ratio") or 0) >= 0.98,
+            "singlestream_p90_ratio_le_1.02": (main_model.get("singlestream_p90_ratio") or 9) <= 1.02,
+            "offline_default_vs_best_raw_ge_0.95": (main_model.get("offline_default_vs_best_raw") or 0) >= 0.95,
+        },
+        "models": models,
+        "skipped": skipped,
+        "peak_rss_bytes": {f"{r['model']}/{r['kind']}/" + (f"b{r['batch']}_t{r['threads']}" if r["kind"] == "raw"
+                                                          else r["scenario"]): r["peak_rss_bytes"] for r in runs},
+        "machine": {"cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                    "python": platform.python_version(), "platform": platform.platform()},
+        "settings": {"seconds": args.seconds, "warmup_runs_raw": WARMUP_RUNS},
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    for name, found in models.items():
+        print(f"\n{name}: mlharness Offline {found['mlharness_offline_sps']:.2f} samples/s vs raw "
+              f"{found['raw_same_config_sps']:.2f} (ratio {found['offline_ratio']:.3f}); best raw "
+              f"{found['raw_best']['config']} {found['raw_best']['samples_per_second']:.2f} "
+              f"(default vs best {found['offline_default_vs_best_raw']:.3f}); SingleStream p90 "
+              f"{found['mlharness_singlestream_p90_ns'] / 1e6:.2f} ms vs raw {found['raw_singlestream_p90_ns'] / 1e6:.2f} ms "
+              f"(ratio {found['singlestream_p90_ratio']:.3f})")
+    print(f"targets: {json.dumps(figures['targets'])}")
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
