@@ -127,7 +127,7 @@ def convert(artifact: Artifact, where: str, base: Path, force: bool = False) -> 
     from sut.runtime import resolve_sources  # verifies every source file's sha256 before export
 
     files = resolve_sources(source)
-    partial = folder / f".{out.name}.partial"
+    partial = folder / f".{out.name}.{os.getpid()}.partial"  # one per process: concurrent runs never share it
     folder.mkdir(parents=True, exist_ok=True)
     try:
         details = entry.func(source, files, conversion, partial)
@@ -214,7 +214,7 @@ def torch_to_onnx(source: ModelManifest, files: dict[str, Path], conversion: Con
 
     backend = TorchBackend(model=source, sources=files, hardware=_cpu_hardware(), options={})
     backend.load()
-    wrapper = _PositionalModule(torch, backend.module, backend.input_names, backend.output_names,
+    wrapper = _positional_module(torch, backend.module, backend.input_names, backend.output_names,
                                 backend.keyword_inputs).eval()
     dims = dict(conversion.example_dims)
     example = [torch.from_numpy(a) for a in _example_inputs(source, dims, seed=0)]
@@ -257,7 +257,7 @@ def _check_against_source(source: ModelManifest, backend: Any, graph: Path, dims
     return {"dims": bigger, "max_abs_diff": diffs, "tolerance": CHECK_TOLERANCE}
 
 
-def _PositionalModule(torch: Any, module: Any, input_names: list[str], output_names: list[str], keyword: bool) -> Any:
+def _positional_module(torch: Any, module: Any, input_names: list[str], output_names: list[str], keyword: bool) -> Any:
     """A module taking the inputs positionally and returning a tuple of the named outputs, which is
     what the exporter traces (transformers models take keywords and return a dict-like output)."""
 
