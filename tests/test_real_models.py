@@ -5,7 +5,6 @@ once per test session in a private cache. Nothing is mocked."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -14,7 +13,7 @@ import pytest
 
 from harness.errors import UserError
 from harness.runner import RunRequest, run
-from tests.conftest import REPO, run_cli, scenario_root
+from tests.conftest import run_cli, scenario_root
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
