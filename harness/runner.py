@@ -97,8 +97,20 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
 
 
 def run(request: RunRequest, index: SpecIndex | None = None) -> RunRecord:
-    """Run one model in one scenario and mode; returns the record, raises RunFailed on failure."""
+    """Run one model in one scenario and mode; returns the record, raises RunFailed on failure.
+    A process runs one benchmark: when LoadGen was already configured here, the run goes to a
+    fresh process (LoadGen reads its conf files once per process)."""
+    from harness.isolation import call_in_fresh_process
+    from harness.settings import loadgen_config_loaded
+
     index = index or default_index()
+    if loadgen_config_loaded():
+        return call_in_fresh_process(_run_here, request, index.root)
+    return _run_here(request, index.root)
+
+
+def _run_here(request: RunRequest, specs_root: Path) -> RunRecord:
+    index = SpecIndex(specs_root)
     model = select_model(index, request.model, request.backend)
     backend_name = request.backend or model.framework
     dataset_name = request.dataset or model.default_dataset

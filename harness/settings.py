@@ -163,18 +163,33 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
     return settings
 
 
+# LoadGen applies FromConfig once per process (a second call logs "Multiple conf files are used"
+# and skips mlperf.conf), so the TestSettings it fills is kept and reused by the tests of one run.
+_LOADED: dict[str, Any] = {}
+_MODES = {"performance": "PerformanceOnly", "accuracy": "AccuracyOnly", "find-peak": "FindPeakPerformance"}
+
+
+def loadgen_config_loaded() -> bool:
+    """True once this process has applied a LoadGen configuration (see harness.isolation)."""
+    return bool(_LOADED)
+
+
 def apply_to_loadgen(settings: Settings, user_conf_path: Path) -> Any:
-    """A LoadGen TestSettings: scenario and mode set in code, everything else from one FromConfig."""
+    """A LoadGen TestSettings: scenario and mode set in code, everything else from one FromConfig.
+    Later tests of the same run (same user.conf, model and scenario) reuse it with another mode."""
     import mlperf_loadgen as lg
 
-    test = lg.TestSettings()
-    test.scenario = getattr(lg.TestScenario, settings.scenario)
-    test.mode = {
-        "performance": lg.TestMode.PerformanceOnly,
-        "accuracy": lg.TestMode.AccuracyOnly,
-        "find-peak": lg.TestMode.FindPeakPerformance,
-    }[settings.mode]
-    status = test.FromConfig(str(user_conf_path), settings.conf_model, settings.scenario)
-    if status != 0:
-        raise UserError(f"{user_conf_path}: LoadGen rejected the settings (FromConfig returned {status})")
+    key = (user_conf_path.read_text(), settings.conf_model, settings.scenario)
+    if not _LOADED:
+        test = lg.TestSettings()
+        test.scenario = getattr(lg.TestScenario, settings.scenario)
+        status = test.FromConfig(str(user_conf_path), settings.conf_model, settings.scenario)
+        if status != 0:
+            raise UserError(f"{user_conf_path}: LoadGen rejected the settings (FromConfig returned {status})")
+        _LOADED.update(key=key, test=test)
+    elif _LOADED["key"] != key:
+        raise RuntimeError("LoadGen was already configured in this process with other settings; "
+                           "run each benchmark in its own process (harness.isolation)")
+    test = _LOADED["test"]
+    test.mode = getattr(lg.TestMode, _MODES[settings.mode])
     return test

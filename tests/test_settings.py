@@ -73,3 +73,24 @@ def test_loadgen_uses_the_merged_settings_and_they_are_saved(tmp_path: Path) -> 
     record = read_run(tmp_path / "r", "null", "SingleStream")
     assert record["settings"]["origin"]["min_duration"] == "cli"
     assert record["settings"]["origin"]["min_query_count"] == "user.conf"
+
+
+def _conf_problems(detail: Path) -> tuple[list[str], int]:
+    from harness.loadgen_logs import detail_problems, detail_values
+
+    errors = [e for e in detail_problems(detail)["errors"] if "conf" in e.lower()]
+    return errors, detail_values(detail, ("effective_qsl_rng_seed",))["effective_qsl_rng_seed"]
+
+
+def test_every_test_reads_mlperf_conf_once(tmp_path: Path) -> None:
+    """LoadGen applies FromConfig once per process: submission mode reuses one TestSettings for its two
+    tests, and a second run in the same process goes to a fresh process. No test may log
+    'Multiple conf files are used' or lose mlperf.conf's seeds."""
+    for results in (tmp_path / "first", tmp_path / "second"):
+        assert run_cli("run", "null", "--scenario", "Offline", "--mode", "submission", "--quick",
+                       "--results-dir", results) == 0
+        root = scenario_root(results, "null", "Offline")
+        for detail in (root / "accuracy" / "mlperf_log_detail.txt",
+                       root / "performance" / "run_1" / "mlperf_log_detail.txt"):
+            errors, seed = _conf_problems(detail)
+            assert errors == [] and seed != 0, (detail, errors, seed)
