@@ -228,7 +228,7 @@ class ResultStore:
     def list_runs(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[sqlite3.Row]:
         """Index rows, newest first."""
         where, params = flt.where()
-        sql = f"SELECT * FROM runs{where} ORDER BY started_at DESC, run_id DESC"
+        sql = f"SELECT * FROM runs{where} ORDER BY started_at DESC, rowid DESC"  # rowid: insertion order within a second
         if limit:
             sql += f" LIMIT {int(limit)}"
         return self.conn.execute(sql, params).fetchall()
