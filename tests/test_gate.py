@@ -136,3 +136,12 @@ def test_rule_units() -> None:
     assert pct.violated_by(pct.change(100.0, 94.0)) and not pct.violated_by(pct.change(100.0, 96.0))
     assert pts.violated_by(pts.change(0.760, 0.754)) and not pts.violated_by(pts.change(0.760, 0.756))
     assert raw.violated_by(raw.change(5000, 6001)) and not raw.violated_by(raw.change(5000, 4000))
+
+
+def test_shipped_baseline_gates_itself(tmp_path: Path) -> None:
+    """The CI workflow's baseline (scenarios/baselines/null-offline) is real run records that load and compare."""
+    from conftest import REPO
+
+    baseline = REPO / "scenarios" / "baselines" / "null-offline"
+    assert run_cli("gate", "--db", tmp_path / "none.sqlite", "--baseline", baseline, "--candidate", baseline,
+                   "--rule", "offline.samples_per_second:-0%", "--rule", "accuracy.top1:-0pt") == 0
