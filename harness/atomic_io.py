@@ -8,6 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# mkstemp creates files readable by the owner only; results are shared, so give them the mode an
+# ordinary open() would (0666 less the umask). The umask is read once: setting it is process-wide.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK
+
 
 def write_bytes(path: Path | str, data: bytes) -> Path:
     path = Path(path)
@@ -15,6 +21,7 @@ def write_bytes(path: Path | str, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), _FILE_MODE)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
