@@ -43,6 +43,7 @@ class AccuracyReport:
     headline: str
     checks: list[dict[str, Any]] = field(default_factory=list)
     reference: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str | None:
@@ -55,6 +56,7 @@ class AccuracyReport:
         lines += [f"{name}={value:.6f}" for name, value in self.values.items()]
         if self.reference:
             lines.append(f"reference={self.reference}")
+        lines += self.notes
         for check in self.checks:
             lines.append(check["line"])
         if self.verdict:
@@ -63,7 +65,8 @@ class AccuracyReport:
 
     def as_record(self) -> dict[str, Any]:
         return {"metric": self.metric, "values": self.values, "headline": self.headline,
-                "verdict": self.verdict, "reference": self.reference, "checks": self.checks}
+                "verdict": self.verdict, "reference": self.reference, "checks": self.checks,
+                "notes": self.notes}
 
 
 def evaluate(outputs: dict[int, np.ndarray], labels: Sequence[Any], metric_spec: dict[str, Any],

@@ -73,10 +73,23 @@ def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> Mo
 
 
 def find_reference(index: SpecIndex, model: ModelManifest, dataset_name: str, backend: str) -> ReferenceLog | None:
+    """The reference log made with this model (same name and version), dataset and backend."""
     for ref in index.all("reference"):
-        if ref.model.get("name") == model.name and ref.dataset.get("name") == dataset_name and ref.backend == backend:
+        if (ref.model.get("name"), ref.model.get("version")) == (model.name, model.version) \
+                and ref.dataset.get("name") == dataset_name and ref.backend == backend:
             return ref
     return None
+
+
+def stale_reference_notes(reference: ReferenceLog, model: ModelManifest, dataset: Any) -> list[str]:
+    """Say when a manifest's content changed since the reference was made (its sha256 differs)."""
+    notes = []
+    for kind, manifest in (("model", model), ("dataset", dataset)):
+        pinned = getattr(reference, kind).get("sha256")
+        if pinned and pinned != manifest.sha256:
+            notes.append(f"note: the reference was made with {kind} {manifest.ref} sha256 {pinned[:12]}…, "
+                         f"this run used sha256 {manifest.sha256[:12]}… (the manifest changed since)")
+    return notes
 
 
 def _conf_model(model: ModelManifest) -> str:
@@ -233,6 +246,8 @@ def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy
     where = str(dataset.path if dataset.evaluation else model.path)
     scored = accuracy_mod.evaluate(decoded, runtime.labels, spec, where)
     report = accuracy_mod.compare(scored, reference, decoded, spec["metric"])
+    if reference is not None:
+        report.notes = stale_reference_notes(reference, model, dataset)
     write_text(dest / "accuracy.txt", report.text())
     return report
 

@@ -144,3 +144,19 @@ def test_failed_run_keeps_earlier_good_results(tmp_path: Path, specs_copy: Path)
     assert (root / "performance" / "run_1" / "mlperf_log_summary.txt").read_bytes() == good_summary
     assert json.loads((root / "run.json").read_text())["run_id"] == good_run["run_id"]
     assert len(list(root.glob("failed-*"))) == 1
+
+
+def test_reference_notes_a_changed_manifest_and_ignores_other_versions(tmp_path: Path, specs_copy: Path) -> None:
+    ref = _reference(specs_copy / "references", 0.5, 0.0)
+    model_file = specs_copy / "models" / "null.yaml"
+    model_file.write_text(model_file.read_text() + "# edited after the reference was made\n")
+    assert run_cli("run", "null", "--scenario", "Offline", "--mode", "accuracy", "--quick",
+                   "--results-dir", tmp_path / "a") == 0
+    text = (scenario_root(tmp_path / "a", "null", "Offline") / "accuracy" / "accuracy.txt").read_text()
+    assert "note: the reference was made with model null@1.0.0 sha256" in text and "result=PASS" in text
+
+    ref.write_text(ref.read_text().replace('model: {name: "null", version: 1.0.0', 'model: {name: "null", version: 0.9.0'))
+    assert run_cli("run", "null", "--scenario", "Offline", "--mode", "accuracy", "--quick",
+                   "--results-dir", tmp_path / "b") == 0
+    record = read_run(tmp_path / "b", "null", "Offline")
+    assert record["reference"] is None and record["accuracy"]["verdict"] is None
