@@ -90,7 +90,7 @@ def describe(*, division: str, submitter: str, system_name: str, detected: dict[
         "host_processor_model_name": str(detected.get("cpu_model") or UNDETECTED),
         "host_processors_per_node": str(_sockets()), "host_processor_core_count": str(_physical_cores(logical)),
         "host_processor_frequency": f"{float(mhz):.0f} MHz" if mhz else UNDETECTED,
-        "host_processor_caches": f"{cache} (per core, /proc/cpuinfo)" if cache else UNDETECTED,
+        "host_processor_caches": f"{cache} (cache size in /proc/cpuinfo)" if cache else UNDETECTED,
         "host_processor_interconnect": na,
         "host_memory_capacity": _gib(float(detected.get("memory_bytes") or 0)) if detected.get("memory_bytes")
         else UNDETECTED,
