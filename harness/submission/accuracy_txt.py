@@ -4,21 +4,13 @@ and the accuracy log truncated as the official truncation tool does: a log above
 its first and last 4 KiB around a `...` line. The full log is kept elsewhere by the packager."""
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
+from harness.artifacts import sha256_file
 from harness.atomic_io import write_bytes, write_text
 from harness.errors import UserError
 from harness.submission.rules import HASH_LINE, MAX_ACCURACY_LOG_SIZE, VIEWABLE_SIZE
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def official_text(run_accuracy_txt: Path, full_log: Path) -> str:

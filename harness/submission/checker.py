@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.artifacts import sha256_file
 from harness.loadgen_logs import detail_problems, detail_values
 from harness.submission import accuracy_txt
 from harness.submission.layout import SubmitterTree, find_trees
@@ -291,7 +292,7 @@ def check_accuracy(tree: SubmitterTree, acc_dir: Path, benchmark: Benchmark) -> 
         system, bench, scenario = acc_dir.parent.parent.parent.name, acc_dir.parent.parent.name, acc_dir.parent.name
         full = tree.full_accuracy_log(system, bench, scenario)
         source = full if full.is_file() else (acc_log if size <= MAX_ACCURACY_LOG_SIZE else None)
-        if source is not None and accuracy_txt.sha256_file(source) != recorded:
+        if source is not None and sha256_file(source) != recorded:
             problems.append(Problem(acc_txt, f"hash does not match the full accuracy log {source.name}"))
     for error in detail_problems(acc_dir / "mlperf_log_detail.txt")["errors"]:
         problems.append(Problem(acc_dir / "mlperf_log_detail.txt", f"LoadGen error: {error[:200]}", "run"))
