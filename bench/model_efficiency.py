@@ -7,10 +7,11 @@ built here) on ONNX Runtime, mlharness against a plain `session.run` loop on the
 - offline_default_vs_best_raw: the same mlharness figure over the best raw loop among batch sizes
   {1, 2, 4, 8} and intra-op threads {1, 2}.
 
-Each measurement runs in a fresh subprocess (peak RSS reported per run). Printed, and written to
-bench/out/model_efficiency.json.
+Each measurement runs in a fresh subprocess (peak RSS reported per run); every configuration is
+measured in --repeats interleaved rounds and each figure is its best round, since on a shared
+machine other work only slows a run down. Printed, and written to bench/out/model_efficiency.json.
 
-    .venv/bin/python bench/model_efficiency.py [--seconds 15] [--models resnet50-light mobilenet-v2]
+    .venv/bin/python bench/model_efficiency.py [--seconds 10] [--repeats 2] [--models resnet50-light mobilenet-v2]
 """
 from __future__ import annotations
 
@@ -131,27 +132,42 @@ def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
              else f"mlharness {spec['scenario']} {' '.join(spec['overrides'])}")
     figure = (f"p90 {run['p90_latency_ns'] / 1e6:.2f} ms" if spec.get("latencies") or spec.get("scenario") == "SingleStream"
               else f"{run['samples_per_second']:.2f} samples/s")
-    print(f"  {spec['model']:15s} {label:70s} {figure:>20s}  rss={run['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+    print(f"  {spec['model']:15s} {label:70s} {figure:>20s}  rss={run['peak_rss_bytes'] / 2**20:.0f} MiB "
+          f"load={os.getloadavg()[0]:.1f}", flush=True)
     return run
 
 
-def model_figures(model: str, seconds: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    raw = lambda batch, threads, latencies=False: measure(  # noqa: E731 - a local shorthand
-        {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
-         "latencies": latencies}, runs)
-    grid = {f"b{b}_t{t}": raw(b, t)["samples_per_second"] for b in BATCH_SIZES for t in THREADS}
+def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every configuration measured `repeats` times in interleaved rounds; each figure is its best
+    round (highest samples/s, lowest p90): on a shared machine other work only ever slows a run
+    down, so the best round is the closest to the machine's own speed. All rounds stay in `runs`."""
     default_batch = _default_batch(model)
-    same_config = raw(default_batch, DEFAULT_THREADS)["samples_per_second"]
-    raw_singlestream = raw(1, DEFAULT_THREADS, latencies=True)["p90_latency_ns"]
-
-    # LoadGen's Offline query is sized from target_qps: the raw rate makes the run last about `seconds`.
     duration_ms = int(seconds * 1000)
-    offline = measure({"kind": "harness", "model": model, "scenario": "Offline",
-                       "overrides": [f"target_qps={same_config:.3f}", f"min_duration={duration_ms}",
-                                     "min_query_count=1"]}, runs)
-    singlestream = measure({"kind": "harness", "model": model, "scenario": "SingleStream",
-                            "overrides": [f"min_duration={duration_ms}", "min_query_count=1"]}, runs)
+
+    def raw_spec(batch: int, threads: int, latencies: bool = False) -> dict[str, Any]:
+        return {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
+                "latencies": latencies}
+
+    specs = {f"b{b}_t{t}": raw_spec(b, t) for b in BATCH_SIZES for t in THREADS}
+    specs["raw_same_config"] = raw_spec(default_batch, DEFAULT_THREADS)
+    specs["raw_singlestream"] = raw_spec(1, DEFAULT_THREADS, latencies=True)
+    specs["mlharness_singlestream"] = {"kind": "harness", "model": model, "scenario": "SingleStream",
+                                       "overrides": [f"min_duration={duration_ms}", "min_query_count=1"]}
+    best: dict[str, dict[str, Any]] = {}
+    for round_number in range(repeats):
+        for key, spec in specs.items():
+            keep(best, key, measure({**spec, "round": round_number}, runs))
+        # LoadGen's Offline query is sized from target_qps: the raw rate makes it last about `seconds`.
+        rate = best["raw_same_config"]["samples_per_second"]
+        keep(best, "mlharness_offline", measure(
+            {"kind": "harness", "model": model, "scenario": "Offline", "round": round_number,
+             "overrides": [f"target_qps={rate:.3f}", f"min_duration={duration_ms}", "min_query_count=1"]}, runs))
+
+    grid = {key: best[key]["samples_per_second"] for key in specs if key.startswith("b")}
     best_key = max(grid, key=grid.get)
+    offline, singlestream = best["mlharness_offline"], best["mlharness_singlestream"]
+    same_config = best["raw_same_config"]["samples_per_second"]
+    raw_singlestream = best["raw_singlestream"]["p90_latency_ns"]
     return {
         "offline_ratio": round(offline["samples_per_second"] / same_config, 4),
         "singlestream_p90_ratio": round(singlestream["p90_latency_ns"] / raw_singlestream, 4),
@@ -166,6 +182,15 @@ def model_figures(model: str, seconds: float, runs: list[dict[str, Any]]) -> dic
         "raw_grid_sps": grid,
         "raw_best": {"config": best_key, "samples_per_second": grid[best_key]},
     }
+
+
+def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None:
+    """Keep the better of two rounds of one configuration (latency runs by p90, others by throughput)."""
+    latency = run.get("latencies") or run.get("scenario") == "SingleStream"
+    held = best.get(key)
+    if held is None or (run["p90_latency_ns"] < held["p90_latency_ns"] if latency
+                        else run["samples_per_second"] > held["samples_per_second"]):
+        best[key] = run
 
 
 def _default_batch(model: str) -> int:
@@ -188,7 +213,8 @@ def available(model: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--seconds", type=float, default=15.0, help="length of each measured loop or LoadGen run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured loop or LoadGen run")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds; each figure is its best round")
     parser.add_argument("--models", nargs="+", default=["resnet50-light", "mobilenet-v2"])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -207,7 +233,7 @@ def main() -> None:
             skipped[model] = reason
             print(f"  {model}: skipped ({reason})")
             continue
-        models[model] = model_figures(model, args.seconds, runs)
+        models[model] = model_figures(model, args.seconds, args.repeats, runs)
 
     main_model = models.get("resnet50-light") or next(iter(models.values()), {})
     figures = {
@@ -222,10 +248,12 @@ def main() -> None:
         "models": models,
         "skipped": skipped,
         "peak_rss_bytes": {f"{r['model']}/{r['kind']}/" + (f"b{r['batch']}_t{r['threads']}" if r["kind"] == "raw"
-                                                          else r["scenario"]): r["peak_rss_bytes"] for r in runs},
+                                                          else r["scenario"]) + f"/round{r['round']}": r["peak_rss_bytes"]
+                           for r in runs},
         "machine": {"cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "python": platform.python_version(), "platform": platform.platform()},
-        "settings": {"seconds": args.seconds, "warmup_runs_raw": WARMUP_RUNS},
+        "settings": {"seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
+                     "figures": "best of the repeats per configuration"},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
