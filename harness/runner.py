@@ -197,8 +197,9 @@ def _store(request: RunRequest, record: RunRecord) -> None:
     result_store.record_run(Path(request.results_dir), record)
 
 
-def _command_line(request: RunRequest) -> str:
-    parts = ["mlharness", "run", request.model, "--scenario", request.scenario, "--mode", request.mode]
+def run_arguments(request: RunRequest, with_results_dir: bool = False) -> list[str]:
+    """The `mlharness` arguments that repeat this request (README.md and re-runs use them)."""
+    parts = ["run", request.model, "--scenario", request.scenario, "--mode", request.mode]
     for flag, value in (("--dataset", request.dataset), ("--backend", request.backend),
                         ("--software", request.software), ("--user-conf", request.user_conf)):
         if value:
@@ -207,9 +208,17 @@ def _command_line(request: RunRequest) -> str:
         parts += ["--hardware", request.hardware]
     if request.quick:
         parts.append("--quick")
+    for preset in request.presets:
+        parts += ["--preset", preset]
     for item in request.overrides:
         parts += ["--set", item]
-    return shlex.join(parts)
+    if with_results_dir:
+        parts += ["--results-dir", str(request.results_dir)]
+    return parts
+
+
+def _command_line(request: RunRequest) -> str:
+    return shlex.join(["mlharness", *run_arguments(request)])
 
 
 def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +52,9 @@ def _fingerprint(options: SessionOptions) -> str:
 
 
 def _run_args(options: SessionOptions, scenario: str, mode: str) -> list[str]:
-    args = ["run", options.model, "--scenario", scenario, "--mode", mode, "--results-dir", str(options.results_dir)]
-    for flag, value in (("--backend", options.backend), ("--dataset", options.dataset),
-                        ("--user-conf", options.user_conf)):
-        if value:
-            args += [flag, str(value)]
-    if options.hardware != "cpu":
-        args += ["--hardware", options.hardware]
-    if options.quick:
-        args.append("--quick")
-    for preset in options.presets:
-        args += ["--preset", preset]
-    for item in options.overrides:
-        args += ["--set", item]
-    return args
+    from harness.runner import run_arguments
+
+    return run_arguments(replace(_request(options, scenario, ""), mode=mode), with_results_dir=True)
 
 
 def _request(options: SessionOptions, scenario: str, command: str) -> Any:
