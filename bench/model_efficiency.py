@@ -11,7 +11,7 @@ Each measurement runs in a fresh subprocess (peak RSS reported per run); every c
 measured in --repeats interleaved rounds and each figure is its best round, since on a shared
 machine other work only slows a run down. Printed, and written to bench/out/model_efficiency.json.
 
-    .venv/bin/python bench/model_efficiency.py [--seconds 10] [--repeats 2] [--models resnet50-light mobilenet-v2]
+    .venv/bin/python bench/model_efficiency.py [--seconds 10] [--repeats 3] [--models resnet50-light mobilenet-v2]
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured loop or LoadGen run")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds; each figure is its best round")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each figure is its best round")
     parser.add_argument("--models", nargs="+", default=["resnet50-light", "mobilenet-v2"])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
