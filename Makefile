@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard native/*.c)
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# CPU torch first and pinned: any other torch request may pull a multi-GB CUDA build.
