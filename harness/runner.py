@@ -169,7 +169,6 @@ def _run_here(request: RunRequest, specs_root: Path) -> RunRecord:
         record.status = "failed"
         record.error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
         record.finished_at = utc_now()
-        write_json(where.stage() / "run.json", record.to_dict())
         failed_dir = where.keep_failed()
         record.results_path = str(failed_dir)
         write_json(failed_dir / "run.json", record.to_dict())

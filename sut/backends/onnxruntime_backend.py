@@ -46,6 +46,7 @@ class OnnxRuntimeBackend(Backend):
         options.inter_op_num_threads = self.inter_op_threads
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # errors only: light_resnet50 has an unused initializer ORT warns about
         return options
 
     def profiling_unavailable(self) -> str | None:
