@@ -90,7 +90,7 @@ class BackendOutputs:
 def collect(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend: str,
             limit: int = 0, batch_size: int = 0) -> BackendOutputs:
     """Run `model` on every sample of `dataset` (the first `limit`), outside LoadGen, in batches."""
-    from sut.processing import takes_inputs
+    from sut.processing import batch_result_function
     from sut.runtime import build_runtime
 
     runtime = build_runtime(model, dataset, hardware, backend, {"dataset_limit": limit})
@@ -100,7 +100,7 @@ def collect(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareMa
         staged.load_samples(list(range(count)))
         step = batch_size or int(model.attributes.get("max_batch_size", 1))
         step = step if runtime.backend.supports_batching else 1
-        pass_inputs = takes_inputs(runtime.postprocess)
+        result_of = batch_result_function(runtime.postprocess)
         chunks: dict[str, list[np.ndarray]] = {}
         results: list[np.ndarray] = []
         for start in range(0, count, max(1, step)):
@@ -108,13 +108,7 @@ def collect(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareMa
             outputs = runtime.backend.predict(feed)
             for name, array in outputs.items():
                 chunks.setdefault(name, []).append(np.array(array, copy=True))
-            if runtime.postprocess is None:
-                result = next(iter(outputs.values()))
-            elif pass_inputs:
-                result = runtime.postprocess(outputs, runtime.ctx, feed)
-            else:
-                result = runtime.postprocess(outputs, runtime.ctx)
-            results.append(np.array(result, copy=True))
+            results.append(np.array(result_of(outputs, runtime.ctx, feed), copy=True))
         staged.unload_samples([])
     finally:
         runtime.backend.close()

@@ -61,3 +61,14 @@ def takes_inputs(postprocess: Callable[..., Any] | None) -> bool:
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def batch_result_function(postprocess: Callable[..., Any] | None) -> Callable[[dict, Any, dict], Any]:
+    """One way to turn a batch's outputs into its result rows, called as f(outputs, ctx, inputs):
+    the postprocess itself when it takes the inputs, a two-argument call when it does not, and the
+    first output when there is no postprocess."""
+    if postprocess is None:
+        return lambda outputs, ctx, inputs: next(iter(outputs.values()))
+    if takes_inputs(postprocess):
+        return postprocess
+    return lambda outputs, ctx, inputs: postprocess(outputs, ctx)

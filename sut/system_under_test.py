@@ -17,7 +17,7 @@ import numpy as np
 
 from sut.backends.base import Backend
 from sut.handoff import Handoff
-from sut.processing import ProcessingContext, takes_inputs
+from sut.processing import ProcessingContext, batch_result_function
 from sut.staging import SampleError, StagedSamples
 
 INLINE_SCENARIOS = ("SingleStream",)
@@ -50,8 +50,7 @@ class SystemUnderTest:
         self.staged = staged
         self.handoff = handoff
         self.scenario = scenario
-        self.postprocess = postprocess
-        self.postprocess_takes_inputs = takes_inputs(postprocess)
+        self.result_of = batch_result_function(postprocess)
         self.ctx = ctx
         self.max_batch_size = max(1, max_batch_size if backend.supports_batching else 1)
         self.workers = max(1, workers)
@@ -154,12 +153,7 @@ class SystemUnderTest:
             outputs = self.backend.predict(feed)
             predicted = time.perf_counter_ns()
             stage = "postprocess"
-            if self.postprocess is not None:
-                result = (self.postprocess(outputs, self.ctx, feed) if self.postprocess_takes_inputs
-                          else self.postprocess(outputs, self.ctx))
-            else:
-                result = next(iter(outputs.values()))
-            result = np.ascontiguousarray(result)
+            result = np.ascontiguousarray(self.result_of(outputs, self.ctx, feed))
             if result.ndim == 0 or result.shape[0] != len(query_ids):
                 raise ValueError(f"expected a result with {len(query_ids)} rows (one per sample), got shape {result.shape}")
             postprocessed = time.perf_counter_ns()
