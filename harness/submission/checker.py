@@ -210,13 +210,13 @@ def check_scenario(tree: SubmitterTree, where: Path, benchmark: Benchmark,
                        and p.name != "mlperf_log_accuracy.json")
         if extra:
             problems.append(Problem(perf_dir, f"unexpected files {', '.join(extra)} (the checker compares the list)"))
-        problems += check_performance_log(perf_dir / "mlperf_log_detail.txt", where.name, benchmark)
+        problems += check_performance_log(perf_dir / "mlperf_log_detail.txt", where.name, benchmark, tree.division)
     acc_dir = where / "accuracy"
     if all([_nonempty_file(acc_dir / name, problems) for name in ACCURACY_FILES]):
         problems += check_accuracy(tree, acc_dir, benchmark)
     if tree.division == "closed":
         for test in benchmark.compliance_tests:
-            problems += check_compliance(where / test, test, where.name, benchmark)
+            problems += check_compliance(where / test, test, where.name, benchmark, tree.division)
     entry = provenance.get(str(where.relative_to(tree.base)))
     for kind in ("performance", "accuracy"):
         info = (entry or {}).get(kind) or {}
@@ -226,9 +226,11 @@ def check_scenario(tree: SubmitterTree, where: Path, benchmark: Benchmark,
     return problems
 
 
-def check_performance_log(detail: Path, scenario: str, benchmark: Benchmark, compliance: bool = False) -> list[Problem]:
+def check_performance_log(detail: Path, scenario: str, benchmark: Benchmark, division: str = "open",
+                          compliance: bool = False) -> list[Problem]:
     keys = ("result_validity", "effective_scenario", "effective_min_duration_ms", "effective_performance_sample_count",
-            "effective_min_query_count", "early_stopping_met", *(f"effective_{k}" for k in SEEDS))
+            "effective_min_query_count", "effective_samples_per_query", "early_stopping_met",
+            *(f"effective_{k}" for k in SEEDS))
     values = detail_values(detail, keys)
     problems: list[Problem] = []
     errors = [e for e in detail_problems(detail)["errors"]
@@ -257,6 +259,14 @@ def check_performance_log(detail: Path, scenario: str, benchmark: Benchmark, com
         problems.append(Problem(detail, f"{scenario}: early stopping condition not met", "run"))
     if scenario in MIN_QUERIES and (values.get("effective_min_query_count") or 0) < MIN_QUERIES[scenario]:
         problems.append(Problem(detail, f"min_query_count: expected >= {MIN_QUERIES[scenario]}", "run"))
+    # The official checker reads samples_per_query, not min_query_count, for this floor: LoadGen folds an
+    # Offline min_query_count into the one query's size and logs effective_min_query_count as 1.
+    spq = values.get("effective_samples_per_query")
+    if (division == "closed" and scenario == "Offline" and not compliance and benchmark.offline_min_samples_per_query
+            and (not isinstance(spq, int) or spq < benchmark.offline_min_samples_per_query)):
+        problems.append(Problem(detail, f"closed division: Offline samples_per_query: expected >= "
+                                        f"{benchmark.offline_min_samples_per_query} for {benchmark.name}, found {spq}",
+                                "run"))
     return problems
 
 
@@ -299,7 +309,8 @@ def check_accuracy(tree: SubmitterTree, acc_dir: Path, benchmark: Benchmark) -> 
     return problems
 
 
-def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchmark) -> list[Problem]:
+def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchmark,
+                     division: str = "closed") -> list[Problem]:
     if not test_dir.is_dir():
         return [Problem(test_dir, f"missing: closed division needs {test} for {benchmark.name}", "compliance")]
     problems: list[Problem] = []
@@ -311,5 +322,5 @@ def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchm
             problems.append(Problem(path, f"{test} did not pass (no 'TEST PASS' line)", "compliance"))
     detail = test_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     if detail.is_file():
-        problems += check_performance_log(detail, scenario, benchmark, compliance=True)
+        problems += check_performance_log(detail, scenario, benchmark, division, compliance=True)
     return problems
