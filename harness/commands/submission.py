@@ -29,20 +29,24 @@ def cmd_package(args: argparse.Namespace) -> int:
     if result.undetected_fields:
         print(f"  system fields not detected (set with --system-field KEY=VALUE): "
               f"{', '.join(result.undetected_fields)}")
-    return _print_report(checker.check(result.tree.base, allow_invalid=args.allow_invalid), result.tree.root)
+    return _print_report(checker.check(result.tree.base, allow_invalid=args.allow_invalid,
+                                       skip_dataset_size_check=args.skip_dataset_size_check), result.tree.root)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness.submission import checker
 
-    return _print_report(checker.check(Path(args.dir), allow_invalid=args.allow_invalid), Path(args.dir))
+    return _print_report(checker.check(Path(args.dir), allow_invalid=args.allow_invalid,
+                                       skip_dataset_size_check=args.skip_dataset_size_check), Path(args.dir))
 
 
 def _print_report(report, base: Path) -> int:
+    from harness.submission.checker import WAIVERS
+
     for problem in report.problems:
         print(problem.line(base), file=sys.stderr)
     for problem in report.waived:
-        print(f"waived (not for submission): {problem.line(base)}")
+        print(f"waived ({WAIVERS[problem.kind]}): {problem.line(base)}")
     trees = ", ".join(f"{t.division}/{t.submitter}" for t in report.trees)
     if report.problems:
         print(f"submission check: {len(report.problems)} problem(s) in {trees}", file=sys.stderr)
@@ -59,7 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         compliance=_split([args.compliance]) if args.compliance is not None else None,
         results_dir=Path(args.results_dir), backend=args.backend, dataset=args.dataset, hardware=args.hardware,
         user_conf=Path(args.user_conf) if args.user_conf else None, overrides=args.set or [],
-        presets=args.preset or [], quick=args.quick, restart=args.restart)
+        presets=args.preset or [], quick=args.quick, restart=args.restart,
+        redo=_split(args.redo))
     return run_session(options)
 
 
@@ -84,12 +89,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     pkg.add_argument("--allow-invalid", action="store_true",
                      help="package INVALID or overridden runs, marking the tree NOT_FOR_SUBMISSION")
     pkg.add_argument("--force", action="store_true", help="replace an existing <division>/<submitter> folder")
+    pkg.add_argument("--skip-dataset-size-check", action="store_true",
+                     help="waive accuracy runs on part of the benchmark's dataset (as the official checker's flag)")
     pkg.set_defaults(func=cmd_package)
 
     chk = commands.add_parser("check", help="check a submission tree against the v6.x rules; one line per problem")
     chk.add_argument("dir", help="the folder holding open/ or closed/ (or a division or submitter folder)")
     chk.add_argument("--allow-invalid", action="store_true",
                      help="waive run problems in trees marked NOT_FOR_SUBMISSION")
+    chk.add_argument("--skip-dataset-size-check", action="store_true",
+                     help="waive accuracy runs on part of the benchmark's dataset (as the official checker's flag)")
     chk.set_defaults(func=cmd_check)
 
     run = commands.add_parser("run", help="performance, accuracy and compliance runs for a submission; resumable")
@@ -108,4 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--preset", action="append")
     run.add_argument("--quick", action="store_true", help="short runs (not submission-grade) to try the flow")
     run.add_argument("--restart", action="store_true", help="ignore finished steps and run everything again")
+    run.add_argument("--redo", action="append", metavar="STEP",
+                     help="run a finished step again, e.g. SingleStream/performance or Offline/TEST01 (or a whole "
+                          "scenario); the scenario's later steps follow (repeatable, comma-separated)")
     run.set_defaults(func=cmd_run)

@@ -22,7 +22,9 @@ from harness.submission.rules import (ACCURACY_FILES, ACCURACY_PATTERNS, BENCHMA
                                       SYSTEM_INTEGER_FIELDS, SYSTEM_MEANINGFUL_FIELDS, SYSTEM_STATUS, SYSTEM_TYPES,
                                       Benchmark, benchmark_for, required_scenarios)
 
-KINDS = ("tree", "system", "run", "scenarios", "accuracy", "compliance")
+KINDS = ("tree", "system", "run", "scenarios", "accuracy", "dataset", "compliance")
+# Why a waived problem does not count, by kind.
+WAIVERS = {"run": "not for submission", "dataset": "--skip-dataset-size-check"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,10 @@ class Report:
         return not self.problems
 
 
-def check(root: Path, allow_invalid: bool = False) -> Report:
+def check(root: Path, allow_invalid: bool = False, skip_dataset_size_check: bool = False) -> Report:
+    """Every problem in the trees under root. allow_invalid waives run problems in trees marked
+    NOT_FOR_SUBMISSION; skip_dataset_size_check waives accuracy runs on part of the dataset, as the
+    official checker's flag of that name does."""
     problems: list[Problem] = []
     trees = find_trees(Path(root))
     for tree in trees:
@@ -64,6 +69,9 @@ def check(root: Path, allow_invalid: bool = False) -> Report:
         problems = [p for p in problems if p not in waived]
         problems += [Problem(t.base, "--allow-invalid: tree is not marked NOT_FOR_SUBMISSION; its run problems "
                                      "still count", "tree") for t in trees if t.base not in marked]
+    if skip_dataset_size_check:
+        waived += [p for p in problems if p.kind == "dataset"]
+        problems = [p for p in problems if p.kind != "dataset"]
     return Report(problems, waived, trees)
 
 
@@ -304,8 +312,16 @@ def check_accuracy(tree: SubmitterTree, acc_dir: Path, benchmark: Benchmark) -> 
         source = full if full.is_file() else (acc_log if size <= MAX_ACCURACY_LOG_SIZE else None)
         if source is not None and sha256_file(source) != recorded:
             problems.append(Problem(acc_txt, f"hash does not match the full accuracy log {source.name}"))
-    for error in detail_problems(acc_dir / "mlperf_log_detail.txt")["errors"]:
-        problems.append(Problem(acc_dir / "mlperf_log_detail.txt", f"LoadGen error: {error[:200]}", "run"))
+    acc_detail = acc_dir / "mlperf_log_detail.txt"
+    for error in detail_problems(acc_detail)["errors"]:
+        problems.append(Problem(acc_detail, f"LoadGen error: {error[:200]}", "run"))
+    # The official checker applies this in both divisions unless run with --skip-dataset-size-check.
+    covered = detail_values(acc_detail, ("qsl_reported_total_count",)).get("qsl_reported_total_count")
+    if benchmark.dataset_size and covered != benchmark.dataset_size:
+        problems.append(Problem(acc_detail, f"accuracy run covers {covered} of {benchmark.name}'s "
+                                            f"{benchmark.dataset_size} dataset samples (qsl_reported_total_count; "
+                                            f"--skip-dataset-size-check waives this, as in the official checker)",
+                                "dataset"))
     return problems
 
 

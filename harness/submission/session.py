@@ -1,7 +1,8 @@
 """`mlharness submission run`: for each scenario, the performance run, the accuracy run, then the
 compliance audits, each LoadGen test in its own process, with a progress line. A state file
 (results/<system>/<model>/submission_run.json) records finished steps, so the same command run
-again resumes where it stopped; changing the settings, or --restart, starts over."""
+again resumes where it stopped; changing the settings, or --restart, starts over; --redo runs chosen
+steps again (a scenario's later steps follow, since they compare with the earlier ones)."""
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +41,7 @@ class SessionOptions:
     presets: list[str] = field(default_factory=list)
     quick: bool = False
     restart: bool = False
+    redo: list[str] = field(default_factory=list)  # "Scenario" or "Scenario/step" to run again
 
 
 def _fingerprint(options: SessionOptions) -> str:
@@ -123,6 +125,25 @@ def _load_state(path: Path, fingerprint: str, restart: bool) -> dict[str, Any]:
     return {"schema_version": STATE_SCHEMA_VERSION, "fingerprint": fingerprint, "steps": {}}
 
 
+def _expected_seconds(state: dict[str, Any], scenario: str, step: str) -> float:
+    """An audit takes about as long as the scenario's performance run (Offline's can run well past
+    600 s: its one query holds min_query_count samples); otherwise the minimum duration."""
+    measured = state["steps"].get(f"{scenario}/performance", {}).get("seconds")
+    return measured if step != "performance" and measured else FULL_LENGTH_S * 1.1
+
+
+def _redo_keys(requested: list[str], steps: list[tuple[str, str]]) -> set[str]:
+    """`SingleStream` -> every SingleStream step; `SingleStream/TEST01` -> that step. Unknown: UserError."""
+    keys: set[str] = set()
+    for item in requested:
+        matched = {f"{sc}/{st}" for sc, st in steps if item in (sc, f"{sc}/{st}")}
+        if not matched:
+            known = ", ".join(f"{sc}/{st}" for sc, st in steps)
+            raise UserError(f"--redo {item}: not a step of this run; expected a scenario or one of: {known}")
+        keys |= matched
+    return keys
+
+
 def _step_output_exists(scenario_dir: Path, step: str) -> bool:
     expected = {"performance": scenario_dir / "performance" / "run_1" / "mlperf_log_summary.txt",
                 "accuracy": scenario_dir / "accuracy" / "mlperf_log_accuracy.json"}.get(step, scenario_dir / step)
@@ -149,6 +170,7 @@ def run_session(options: SessionOptions) -> int:
     model_dir = Path(options.results_dir) / system / model.name
     state_path = model_dir / STATE_FILE
     state = _load_state(state_path, _fingerprint(options), options.restart)
+    redo = _redo_keys(options.redo, steps)
     rerun: set[str] = set()  # scenarios where an earlier step ran again: later steps must follow
     failed_compliance = []
     session_started = time.monotonic()
@@ -157,11 +179,12 @@ def run_session(options: SessionOptions) -> int:
         scenario_dir = model_dir / scenario
         label = f"[{number}/{len(steps)}] {model.name} {scenario} {step}"
         previous = state["steps"].get(key, {})
-        if previous.get("status") == "done" and scenario not in rerun and _step_output_exists(scenario_dir, step):
+        if (previous.get("status") == "done" and scenario not in rerun and key not in redo
+                and _step_output_exists(scenario_dir, step)):
             print(f"{label}: done earlier (run {previous.get('run_id')}), skipped")
             continue
         rerun.add(scenario)
-        expected = None if options.quick or step == "accuracy" else FULL_LENGTH_S * 1.1
+        expected = None if options.quick or step == "accuracy" else _expected_seconds(state, scenario, step)
         started = time.monotonic()
         try:
             with Progress(label, expected):
