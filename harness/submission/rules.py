@@ -28,21 +28,22 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
-    Benchmark("resnet", 1024, "acc", 76.46 * 0.99, ("SingleStream", "MultiStream", "Offline"),
-              (), ("TEST01", "TEST04"), 15_000_000, 24576, 50000),
-    Benchmark("retinanet", 64, "mAP", 37.55 * 0.99, (), (), ("TEST01",), 100_000_000, 24576, 24781),
+    Benchmark("resnet", 1024, "acc", 76.46 * 0.99, ("SingleStream", "MultiStream", "Offline"), (),
+              ("TEST01", "TEST04"), 15_000_000, offline_min_samples_per_query=24576, dataset_size=50000),
+    Benchmark("retinanet", 64, "mAP", 37.55 * 0.99, (), (), ("TEST01",), 100_000_000,
+              offline_min_samples_per_query=24576, dataset_size=24781),
     Benchmark("bert-99", 10833, "F1", 90.874 * 0.99, ("SingleStream", "Offline"), (), ("TEST01",),
-              None, 10833, 10833),
+              offline_min_samples_per_query=10833, dataset_size=10833),
     Benchmark("bert-99.9", 10833, "F1", 90.874 * 0.999, ("SingleStream", "Offline"), (), ("TEST01",),
-              None, 10833, 10833),
+              offline_min_samples_per_query=10833, dataset_size=10833),
     Benchmark("3d-unet-99", 43, "DICE", 0.86170 * 0.99, ("SingleStream", "Offline"), ("Offline",), ("TEST01",),
-              None, 43, 43),
+              offline_min_samples_per_query=43, dataset_size=43),
     Benchmark("3d-unet-99.9", 43, "DICE", 0.86170 * 0.999, ("SingleStream", "Offline"), ("Offline",), ("TEST01",),
-              None, 43, 43),
+              offline_min_samples_per_query=43, dataset_size=43),
     Benchmark("yolo-95", 64, "mAP", 53.4 * 0.95, ("SingleStream", "MultiStream", "Offline"), (), ("TEST01",),
-              None, 1525, 1525),
+              offline_min_samples_per_query=1525, dataset_size=1525),
     Benchmark("yolo-99", 64, "mAP", 53.4 * 0.99, ("SingleStream", "MultiStream", "Offline"), (), ("TEST01",),
-              None, 1525, 1525),
+              offline_min_samples_per_query=1525, dataset_size=1525),
 )}
 # Folder names the checker maps to a benchmark without a model_mapping.json.
 ALIASES = {"resnet50": "resnet", "mobilenet": "resnet", "ssd-resnet34": "retinanet"}
