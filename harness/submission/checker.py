@@ -224,7 +224,7 @@ def check_scenario(tree: SubmitterTree, where: Path, benchmark: Benchmark,
         problems += check_accuracy(tree, acc_dir, benchmark)
     if tree.division == "closed":
         for test in benchmark.compliance_tests:
-            problems += check_compliance(where / test, test, where.name, benchmark, tree.division)
+            problems += check_compliance(where / test, test, where.name, benchmark)
     entry = provenance.get(str(where.relative_to(tree.base)))
     for kind in ("performance", "accuracy"):
         info = (entry or {}).get(kind) or {}
@@ -325,8 +325,7 @@ def check_accuracy(tree: SubmitterTree, acc_dir: Path, benchmark: Benchmark) -> 
     return problems
 
 
-def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchmark,
-                     division: str = "closed") -> list[Problem]:
+def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchmark) -> list[Problem]:
     if not test_dir.is_dir():
         return [Problem(test_dir, f"missing: closed division needs {test} for {benchmark.name}", "compliance")]
     problems: list[Problem] = []
@@ -338,5 +337,5 @@ def check_compliance(test_dir: Path, test: str, scenario: str, benchmark: Benchm
             problems.append(Problem(path, f"{test} did not pass (no 'TEST PASS' line)", "compliance"))
     detail = test_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     if detail.is_file():
-        problems += check_performance_log(detail, scenario, benchmark, division, compliance=True)
+        problems += check_performance_log(detail, scenario, benchmark, compliance=True)
     return problems
