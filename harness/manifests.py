@@ -144,12 +144,17 @@ def _artifact(check: Checker, doc: Any, path: str) -> Artifact | None:
         check.fail(path, "a mapping {uri, sha256}", doc)
         return None
     check.unknown_keys(doc, path, ("uri", "sha256", "transforms", "convert"))
-    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)", required="convert" not in doc)
     if "convert" in doc:
+        if "sha256" in doc:
+            # A conversion's bytes depend on the CPU's float kernels (weight folding), so they cannot be
+            # pinned; the conversion's output check against the source is the gate, its sha256 is recorded.
+            check.fail(f"{path}.sha256", "no sha256 on a converted artifact (its bytes depend on the machine; "
+                       "the conversion's output check verifies it and the run records its sha256)", doc["sha256"])
         if "uri" in doc:
             check.fail(f"{path}.uri", "either uri or convert, not both", doc["uri"])
         conversion = _conversion(check, doc["convert"], f"{path}.convert")
-        return Artifact("", sha, conversion) if conversion else None
+        return Artifact("", None, conversion) if conversion else None
+    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)")
     uri = check.get(doc, "uri", path, str, "a path, file://, package:// or https:// URI")
     return Artifact(uri, sha) if uri else None
 

@@ -39,6 +39,7 @@ class RunRecord:
     reference: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     backend_info: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, Any] = field(default_factory=dict)  # every resolved source file and its sha256
     performance: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
     loadgen: dict[str, Any] = field(default_factory=dict)  # errors/warnings LoadGen logged, per mode

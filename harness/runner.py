@@ -157,6 +157,7 @@ def _run_here(request: RunRequest, specs_root: Path) -> RunRecord:
 
         runtime = build_runtime(model, dataset, hardware, backend_name, _harness_options(settings, model))
         record.backend_info = runtime.backend.describe()
+        record.artifacts = runtime.artifacts
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
         modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]

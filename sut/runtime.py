@@ -1,6 +1,7 @@
 """The DLSpec runtime: from manifests to a loaded backend, staged samples and compiled processing."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,7 @@ class Runtime:
     postprocess: Callable[..., Any] | None
     ctx: ProcessingContext
     sources: dict[str, Path] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)  # describe_sources, for the record
 
     @property
     def labels(self) -> list[Any]:
@@ -32,6 +34,24 @@ class Runtime:
 def resolve_sources(manifest: Any) -> dict[str, Path]:
     base = manifest.path.parent
     return {key: artifacts.resolve(art, f"{manifest.path}: sources.{key}", base) for key, art in manifest.sources.items()}
+
+
+def describe_sources(manifest: Any, paths: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """What the run record says of each resolved source: its file and sha256 (the manifest's pin, or
+    for a converted file the sha256 its conversion recorded, with the provenance file beside it)."""
+    described = {}
+    for role, path in paths.items():
+        artifact = manifest.sources.get(role)
+        entry: dict[str, Any] = {"path": str(path), "sha256": getattr(artifact, "sha256", None)}
+        if artifact is not None and artifact.convert is not None:
+            provenance_path = path.with_name(path.name + ".provenance.json")
+            provenance = json.loads(provenance_path.read_text())
+            entry.update(sha256=provenance["artifact"]["sha256"], converted=True, provenance=str(provenance_path),
+                         check=provenance.get("exporter", {}).get("check"))
+        else:
+            entry["uri"] = getattr(artifact, "uri", None)
+        described[f"{manifest.kind}.{role}"] = entry
+    return described
 
 
 def enumerate_samples(dataset: DatasetManifest, ctx: ProcessingContext, limit: int = 0) -> list[tuple[Any, Any]]:
@@ -65,4 +85,5 @@ def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: Hard
     backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
     backend.load()
     staged = StagedSamples(items, model.inputs, preprocess, load, ctx)
-    return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources})
+    described = {**describe_sources(dataset, dataset_sources), **describe_sources(model, model_sources)}
+    return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources}, described)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_run, run_cli, scenario_root, write_manifest
+from tests.support import read_run, run_cli, scenario_root, write_manifest
 
 
 def _reference(folder: Path, top1: float, tolerance: float, outputs: str = "") -> Path:

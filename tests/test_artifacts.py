@@ -11,7 +11,7 @@ import pytest
 from harness.artifacts import extract, resolve
 from harness.errors import UserError
 from harness.manifests import Artifact
-from tests.conftest import sha256
+from tests.support import sha256
 
 
 def test_plain_relative_and_file_uri(tmp_path: Path) -> None:

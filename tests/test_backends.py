@@ -12,7 +12,7 @@ import pytest
 from harness.errors import UserError
 from harness.manifests import load_manifest
 from sut import backends
-from tests.conftest import REPO, read_run, run_cli, sha256, write_manifest
+from tests.support import REPO, read_run, run_cli, sha256, write_manifest
 
 
 def test_harness_imports_without_frameworks() -> None:

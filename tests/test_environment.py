@@ -8,11 +8,11 @@ import pytest
 from harness.errors import UserError
 from harness.manifests import load_manifest
 from harness.system import check_software, detect_system, system_name
-from tests.conftest import read_run, run_cli, write_manifest
+from tests.support import read_run, run_cli, write_manifest
 
 
 def test_installed_versions_satisfy_the_shipped_software_manifests() -> None:
-    from tests.conftest import REPO
+    from tests.support import REPO
 
     for name in ("onnxruntime", "null", "torch"):
         checked = check_software(load_manifest(REPO / "specs" / "software" / f"{name}.yaml"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.support import run_cli
 from harness.errors import UserError
 from harness.gate import parse_rule
 from harness.result_store import DB_ENV, ResultStore
@@ -140,7 +140,7 @@ def test_rule_units() -> None:
 
 def test_shipped_baseline_gates_itself(tmp_path: Path) -> None:
     """The CI workflow's baseline (scenarios/baselines/null-offline) is real run records that load and compare."""
-    from conftest import REPO
+    from tests.support import REPO
 
     baseline = REPO / "scenarios" / "baselines" / "null-offline"
     assert run_cli("gate", "--db", tmp_path / "none.sqlite", "--baseline", baseline, "--candidate", baseline,

@@ -9,7 +9,7 @@ from harness.errors import UserError
 from harness.manifests import load_manifest
 from harness.specs import spec_files
 from harness.validation import ManifestError
-from tests.conftest import REPO, run_cli, write_manifest
+from tests.support import REPO, run_cli, write_manifest
 
 GOOD_MODEL = """\
 kind: model

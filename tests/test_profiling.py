@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_run, run_cli, scenario_root, write_manifest
+from tests.support import read_run, run_cli, scenario_root, write_manifest
 from harness.errors import UserError
 from profiling import LEVELS, parse_levels
 from profiling.perf_stat import HARDWARE_EVENTS, parse

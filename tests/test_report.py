@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.support import run_cli
 from harness.result_store import DB_ENV, ResultStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

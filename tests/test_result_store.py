@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, write_manifest
+from tests.support import run_cli, write_manifest
 from harness.errors import UserError
 from harness.result_store import DB_ENV, SCHEMA_VERSION, ResultStore, schema_version
 

@@ -8,7 +8,7 @@ import pytest
 
 from harness.loadgen_logs import parse_summary
 from harness.settings import SCENARIOS
-from tests.conftest import read_run, run_cli, scenario_root
+from tests.support import read_run, run_cli, scenario_root
 
 
 @pytest.mark.parametrize("model", ["null", "resnet50-light"])

@@ -10,7 +10,7 @@ import pytest
 from harness.manifests import load_manifest
 from harness.specs import SpecIndex
 from harness.validation import ManifestError
-from tests.conftest import REPO, write_manifest
+from tests.support import REPO, write_manifest
 
 INDEX = SpecIndex(REPO / "specs")
 

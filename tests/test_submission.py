@@ -14,7 +14,7 @@ import pytest
 from harness.submission import accuracy_txt, checker, compliance
 from harness.submission.rules import (ACCURACY_FILES, BENCHMARKS, MAX_ACCURACY_LOG_SIZE, MEASUREMENTS_FIELDS,
                                       PERFORMANCE_FILES, SCENARIO_FILES, SYSTEM_FIELDS, VIEWABLE_SIZE)
-from tests.conftest import REPO, run_cli
+from tests.support import REPO, run_cli
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, write_manifest
+from tests.support import REPO, run_cli, write_manifest
 from harness.errors import UserError
 from harness.result_store import DB_ENV, ResultStore
 from harness.sweep_grid import load_grid

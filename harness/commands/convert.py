@@ -44,8 +44,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
             print(f"  provenance : {done.provenance_path}")
             if check:
                 print(f"  check      : max |diff| vs source {', '.join(f'{k}={v:.3g}' for k, v in check.items())}")
-            if not artifact.sha256:
-                print(f"  note       : the manifest pins no sha256; add `sha256: {done.sha256}` to pin it")
     return 0
 
 
