@@ -40,6 +40,9 @@ class RunRecord:
     settings: dict[str, Any] = field(default_factory=dict)
     backend_info: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)  # every resolved source file and its sha256
+    # Cold start and resources: artifact resolution and model load seconds, first inference, the
+    # warm-up before the timed test, peak memory (see README: run.json).
+    cold_start: dict[str, Any] = field(default_factory=dict)
     performance: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
     loadgen: dict[str, Any] = field(default_factory=dict)  # errors/warnings LoadGen logged, per mode

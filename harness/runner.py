@@ -104,7 +104,9 @@ def prepare_settings(request: RunRequest, model: ModelManifest) -> Settings:
 
 
 def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
-    options = {"max_batch_size": int(model.attributes.get("max_batch_size", 1)), "workers": 1}
+    from harness.settings import HARNESS_DEFAULTS
+
+    options = {"max_batch_size": int(model.attributes.get("max_batch_size", 1)), **HARNESS_DEFAULTS}
     options.update(settings.harness)
     return options
 

@@ -4,6 +4,7 @@ keys are written as one user.conf and applied with a single FromConfig call; har
 (batching, threads) go to the SUT. Each value remembers which layer set it."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,12 @@ LOADGEN_KEYS = frozenset({
 })
 # Keys the SUT reads; the rest of the harness passes them through untouched.
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
-                          "enable_trace", "dataset_limit"})
+                          "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
+                          "load_timeout"})
+# Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
+HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0}
+_FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout"})
+_ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds"})
 # What a submission must not override (checked by the packager and recorded here).
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",
@@ -79,13 +85,18 @@ class Settings:
 def _harness_value(key: str, value: Any, where: str) -> Any:
     if key == "enable_trace":
         return str(value).lower() in ("1", "true", "yes", "on")
+    kind = "a number of seconds" if key in _FLOAT_KEYS else "an integer"
     try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: {key}: expected an integer, got {value!r}") from None
-    minimum = 0 if key in ("intra_op_threads", "inter_op_threads", "dataset_limit") else 1
-    if number < minimum:
-        raise UserError(f"{where}: {key}: expected an integer >= {minimum}, got {number}")
+        number = float(value) if key in _FLOAT_KEYS else int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise UserError(f"{where}: {key}: expected {kind}, got {value!r}") from None
+    if key in _FLOAT_KEYS and not math.isfinite(number):
+        raise UserError(f"{where}: {key}: expected {kind}, got {value!r}")
+    if key in _ZERO_OK_KEYS:
+        if number < 0:
+            raise UserError(f"{where}: {key}: expected {kind} >= 0, got {value}")
+    elif number <= 0 if key in _FLOAT_KEYS else number < 1:
+        raise UserError(f"{where}: {key}: expected {kind} > 0, got {value}")
     return number
 
 
