@@ -1,8 +1,10 @@
 """Named numeric figures of a run record, shared by the results database, sweeps, gates and reports.
 
 A figure is named `<scenario>.<key>` for LoadGen's performance figures (`offline.samples_per_second`,
-`server.p99_latency_ns`) and `accuracy.<name>` for accuracy values (`accuracy.top1`), so a gate rule
-names exactly what it checks."""
+`server.p99_latency_ns`), `accuracy.<name>` for accuracy values (`accuracy.top1`) and `coldstart.<key>`
+for cold start and memory (`coldstart.load_seconds`, `coldstart.first_inference_seconds`,
+`coldstart.peak_rss_bytes`, `coldstart.device_peak_allocated_bytes`), so a gate rule names exactly
+what it checks."""
 from __future__ import annotations
 
 import math
@@ -10,7 +12,7 @@ from typing import Any, Mapping
 
 # Which way is better, by the figure's key (the part after the dot); checked in order.
 _HIGHER_IS_BETTER = ("per_second", "accuracy.", "qps")
-_LOWER_IS_BETTER = ("latency", "_ns", "seconds")
+_LOWER_IS_BETTER = ("latency", "_ns", "seconds", "bytes")
 
 # The headline figure of each scenario and whether a larger value is better.
 HEADLINE = {
@@ -29,7 +31,7 @@ def _number(value: Any) -> float | None:
 
 
 def flatten(record: Mapping[str, Any]) -> dict[str, float]:
-    """Every numeric performance and accuracy figure of a record (a RunRecord dict)."""
+    """Every numeric performance, accuracy and cold-start figure of a record (a RunRecord dict)."""
     figures: dict[str, float] = {}
     scenario = str(record.get("scenario") or "unknown").lower()
     for key, value in (record.get("performance") or {}).items():
@@ -39,11 +41,18 @@ def flatten(record: Mapping[str, Any]) -> dict[str, float]:
     for key, value in (accuracy.get("values") or {}).items():
         if (number := _number(value)) is not None:
             figures[f"accuracy.{key}"] = number
+    cold_start = record.get("cold_start") or {}
+    for key, value in cold_start.items():  # the warm-up is a setting, not a figure: left out
+        if (number := _number(value)) is not None:
+            figures[f"coldstart.{key}"] = number
+    for key, value in (cold_start.get("device_memory") or {}).items():
+        if (number := _number(value)) is not None:
+            figures[f"coldstart.device_{key}"] = number
     return figures
 
 
 def higher_is_better(name: str) -> bool:
-    """Direction of a figure by its name; throughput and accuracy up, latency and time down."""
+    """Direction of a figure by its name; throughput and accuracy up, latency, time and memory down."""
     if name.startswith("accuracy.") or any(part in name for part in _HIGHER_IS_BETTER):
         return True
     if any(part in name for part in _LOWER_IS_BETTER):

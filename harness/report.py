@@ -257,6 +257,30 @@ def _runs_table(records: list[dict[str, Any]]) -> str:
                    "LoadGen", "error"), rows)
 
 
+def _cold_start_table(records: list[dict[str, Any]]) -> str | None:
+    """Per run: artifact resolution, model load, first inference, the warm-up and peak memory; None when
+    no run recorded them (records from before cold start was measured)."""
+    rows = []
+    for r in records:
+        cold = r.get("cold_start") or {}
+        if not cold:
+            continue
+        warmup, device = cold.get("warmup") or {}, cold.get("device_memory") or {}
+        rows.append((r["run_id"], cold.get("resolve_seconds"), cold.get("enumerate_seconds"),
+                     cold.get("compile_seconds"), cold.get("load_seconds"),
+                     _scaled(cold.get("first_inference_seconds"), 1e3), warmup.get("queries"), warmup.get("batch_size"),
+                     warmup.get("seconds"), _scaled(cold.get("peak_rss_bytes"), 2**-20),
+                     _scaled(device.get("peak_allocated_bytes"), 2**-20)))
+    if not rows:
+        return None
+    return _table(("run id", "resolve (s)", "enumerate (s)", "compile (s)", "load (s)", "first inference (ms)",
+                   "warm-up queries", "warm-up batch", "warm-up (s)", "peak RSS (MiB)", "peak device (MiB)"), rows)
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    return float(value) * factor if isinstance(value, (int, float)) else None
+
+
 _STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
           "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
           "th{background:#f0f0f0}img{max-width:100%;border:1px solid #ddd}figure{margin:1.5em 0}")
@@ -272,6 +296,9 @@ def write_report(records: list[dict[str, Any]], out_dir: Path, title: str,
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<h2>Runs</h2>{_runs_table(records)}"]
+    cold_start = _cold_start_table(records)
+    if cold_start:
+        parts.append(f"<h2>Cold start and memory</h2>{cold_start}")
     for heading, body in extra_sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
     parts.append("<h2>Plots</h2>" if plots else "<p>No plots: the runs have no figures to plot.</p>")

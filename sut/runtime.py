@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from harness import artifacts
 from harness.errors import UserError
@@ -25,6 +27,8 @@ class Runtime:
     ctx: ProcessingContext
     sources: dict[str, Path] = field(default_factory=dict)
     artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)  # describe_sources, for the record
+    # Seconds each cold-start phase took (resolve, enumerate, compile, load), for the record.
+    cold_start: dict[str, float] = field(default_factory=dict)
 
     @property
     def labels(self) -> list[Any]:
@@ -71,19 +75,36 @@ def enumerate_samples(dataset: DatasetManifest, ctx: ProcessingContext, limit: i
     return items[:limit] if limit else items
 
 
+@contextmanager
+def _timed(seconds: dict[str, float], key: str) -> Iterator[None]:
+    """Record the block's wall time (perf_counter) as seconds[key]."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[key] = time.perf_counter() - started
+
+
 def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend_name: str,
                   options: dict[str, Any]) -> Runtime:
-    """Resolve and verify every source, compile the user code, enumerate the dataset, load the backend."""
-    model_sources = resolve_sources(model) if backend_name != "null" else {}
-    dataset_sources = resolve_sources(dataset)
+    """Resolve and verify every source, compile the user code, enumerate the dataset, load the backend;
+    each phase is timed into Runtime.cold_start (resolving includes any download or conversion)."""
+    seconds: dict[str, float] = {}
+    with _timed(seconds, "resolve_seconds"):
+        model_sources = resolve_sources(model) if backend_name != "null" else {}
+        dataset_sources = resolve_sources(dataset)
     ctx = ProcessingContext(attributes=dict(model.attributes), sources={**dataset_sources, **model_sources},
                             model=model, dataset=dataset)
-    items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
-    load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
-    preprocess = compile_function(model.preprocess, "preprocess", str(model.path)) if model.preprocess else None
-    postprocess = compile_function(model.postprocess, "postprocess", str(model.path)) if model.postprocess else None
-    backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
-    backend.load()
+    with _timed(seconds, "enumerate_seconds"):
+        items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
+    with _timed(seconds, "compile_seconds"):
+        load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
+        preprocess = compile_function(model.preprocess, "preprocess", str(model.path)) if model.preprocess else None
+        postprocess = compile_function(model.postprocess, "postprocess", str(model.path)) if model.postprocess else None
+    with _timed(seconds, "load_seconds"):
+        backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
+        backend.load()
     staged = StagedSamples(items, model.inputs, preprocess, load, ctx)
     described = {**describe_sources(dataset, dataset_sources), **describe_sources(model, model_sources)}
-    return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources}, described)
+    return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources}, described,
+                   cold_start=seconds)

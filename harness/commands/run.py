@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import UserError
+from harness.request import DEFAULT_RUN_TIMEOUT
 from harness.settings import MODES, SCENARIOS
 
 
@@ -18,7 +19,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         software=args.software, hardware=args.hardware, reference=args.reference, quick=args.quick,
         presets=args.preset or [], user_conf=Path(args.user_conf) if args.user_conf else None,
         results_dir=Path(args.results_dir), overrides=args.set or [],
-        profile=_profile_levels(args.profile),
+        profile=_profile_levels(args.profile), timeout=args.timeout,
         command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
     tests = []
     if getattr(args, "compliance", None):
@@ -56,6 +57,7 @@ def format_summary(record) -> str:
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
             if key in perf:
                 lines.append(f"  {key} : {perf[key]}")
+    lines.extend(_cold_start_lines(record.cold_start or {}))
     for mode, logged in record.loadgen.items():
         for error in logged.get("errors", [])[:3]:
             lines.append(f"  LoadGen error ({mode}) : {error[:160]}")
@@ -69,6 +71,29 @@ def format_summary(record) -> str:
             lines.append(f"  reference : {acc['verdict']}")
     lines.append(f"  results : {record.results_path}")
     return "\n".join(lines)
+
+
+def _cold_start_lines(cold: dict) -> list[str]:
+    """Load time, first inference, the warm-up and peak memory, for whichever of them the record has."""
+    parts = [f"{label} {_duration(cold[key])}" for label, key in (
+        ("resolve", "resolve_seconds"), ("load", "load_seconds"), ("first inference", "first_inference_seconds"))
+        if isinstance(cold.get(key), (int, float))]
+    warmup = cold.get("warmup")
+    if isinstance(warmup, dict):
+        parts.append(f"warm-up {warmup['queries']} queries of {warmup['batch_size']} samples in "
+                     f"{_duration(warmup['seconds'])}" if warmup.get("queries") else "no warm-up")
+    memory = []
+    if isinstance(cold.get("peak_rss_bytes"), int):
+        memory.append(f"peak RSS {cold['peak_rss_bytes'] / 2**20:.0f} MiB")
+    device = cold.get("device_memory")
+    if isinstance(device, dict) and isinstance(device.get("peak_allocated_bytes"), int):
+        memory.append(f"peak {device.get('device')} {device['peak_allocated_bytes'] / 2**20:.0f} MiB allocated")
+    return ([f"  cold start : {', '.join(parts)}"] if parts else []) + \
+        ([f"  memory : {', '.join(memory)}"] if memory else [])
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 def cmd_specs_list(args: argparse.Namespace) -> int:
@@ -123,6 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
     run.add_argument("--profile", metavar="LEVELS",
                      help="profile the test: a comma list of harness,model,framework,python,system, or full")
+    run.add_argument("--timeout", type=float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
+                     help=f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})")
     run.add_argument("--compliance", metavar="TESTS",
                      help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
     run.set_defaults(func=cmd_run)
