@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except UserError as exc:
         print(f"mlharness: error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_status", 1))  # 128 + signal for a run stopped by one
     except KeyboardInterrupt:
         print("mlharness: interrupted", file=sys.stderr)
         return 130

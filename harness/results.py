@@ -50,18 +50,18 @@ def scenario_dir(results_dir: Path, system: str, model: str, scenario: str, run_
     return ScenarioDir(results_dir / system / model / scenario, run_id)
 
 
-def keep_loadgen_logs(logdir: Path, dest: Path, drop_empty_accuracy: bool) -> list[str]:
-    """Move LoadGen's logs from its output folder into `dest`; the trace only when it has content."""
+def prune_loadgen_logs(dest: Path, drop_empty_accuracy: bool) -> list[str]:
+    """Drop the empty logs LoadGen wrote into `dest` (the trace, and the accuracy log outside accuracy
+    mode); returns the names kept."""
     kept = []
     for name in LOADGEN_LOGS:
-        src = logdir / name
+        src = dest / name
         if not src.is_file():
             continue
         empty = src.stat().st_size == 0 or (name == "mlperf_log_accuracy.json" and src.read_text().strip() in ("", "[]", "[\n]"))
         if (name == "mlperf_log_trace.json" or (name == "mlperf_log_accuracy.json" and drop_empty_accuracy)) and empty:
             src.unlink()
             continue
-        move_file(src, dest / name)
         kept.append(name)
     return kept
 
@@ -98,5 +98,5 @@ def write_system_json(results_dir: Path, system_name: str, system: dict[str, Any
         "hardware_manifest": hardware.identity(), "device": hardware.device, "software": software})
 
 
-__all__ = ["RESULTS_SCHEMA_VERSION", "ScenarioDir", "scenario_dir", "keep_loadgen_logs", "measurements", "readme",
+__all__ = ["RESULTS_SCHEMA_VERSION", "ScenarioDir", "scenario_dir", "prune_loadgen_logs", "measurements", "readme",
            "write_system_json", "write_json", "write_text"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import tempfile
 import time
-from dataclasses import dataclass, field, replace
+import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,39 +16,21 @@ from harness.atomic_io import write_json, write_text
 from harness.errors import UserError
 from harness.loadgen_logs import detail_problems, parse_summary
 from harness.manifests import ModelManifest, ReferenceLog
+from harness.request import DEFAULT_RESULTS_DIR, RunRequest
 from harness.run_record import RunRecord, new_run_id, utc_now
 from harness.settings import Settings, apply_to_loadgen, build_settings
-from harness.specs import SpecIndex, default_index
+from harness.specs import SpecIndex
 
-DEFAULT_RESULTS_DIR = Path("results")
-
-
-@dataclass
-class RunRequest:
-    model: str
-    scenario: str
-    mode: str = "performance"
-    dataset: str | None = None
-    backend: str | None = None
-    software: str | None = None
-    hardware: str = "cpu"
-    reference: str | None = None
-    quick: bool = False
-    presets: list[str] = field(default_factory=list)
-    user_conf: Path | None = None
-    results_dir: Path = DEFAULT_RESULTS_DIR
-    overrides: list[str] = field(default_factory=list)
-    profile: list[str] = field(default_factory=list)
-    audit_config: Path | None = None
-    command: str = ""
+__all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run", "run_here", "select_model"]
 
 
 class RunFailed(UserError):
     """The run started but failed; its record (status failed) is attached."""
 
-    def __init__(self, message: str, record: RunRecord):
+    def __init__(self, message: str, record: RunRecord, exit_status: int = 1):
         super().__init__(message)
         self.record = record
+        self.exit_status = exit_status
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
@@ -112,20 +94,21 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
 
 
 def run(request: RunRequest, index: SpecIndex | None = None) -> RunRecord:
-    """Run one model in one scenario and mode; returns the record, raises RunFailed on failure.
-    A process runs one benchmark: when LoadGen was already configured here, the run goes to a
-    fresh process (LoadGen reads its conf files once per process)."""
-    from harness.isolation import call_in_fresh_process
-    from harness.settings import loadgen_config_loaded
+    """Run one model in one scenario and mode, in a fresh process of its own (harness.launcher);
+    returns the record, raises RunFailed (with the failed record) when the run fails."""
+    from harness.launcher import run_request
 
-    index = index or default_index()
-    if loadgen_config_loaded():
-        return call_in_fresh_process(_run_here, request, index.root)
-    return _run_here(request, index.root)
+    if index is not None and request.specs_root is None:
+        request = replace(request, specs_root=index.root)
+    return run_request(request)
 
 
-def _run_here(request: RunRequest, specs_root: Path) -> RunRecord:
-    index = SpecIndex(specs_root)
+def run_here(request: RunRequest, guard: Any) -> RunRecord:
+    """The run itself, in this process (the launcher's child): `guard` (harness.launcher.RunGuard)
+    is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
+    from harness.specs import default_index
+
+    index = SpecIndex(request.specs_root) if request.specs_root else default_index()
     model = select_model(index, request.model, request.backend)
     backend_name = request.backend or model.framework
     dataset_name = request.dataset or model.default_dataset
@@ -150,53 +133,97 @@ def _run_here(request: RunRequest, specs_root: Path) -> RunRecord:
         system_name=system_name, system=detected,
         software={"manifest": software.identity(), "checked": installed, "versions": system_mod.software_versions()},
         hardware=hardware.identity() | {"device": hardware.device}, settings=settings.as_record(),
-        reference=reference.identity() if reference else None, results_path=str(where.root))
+        reference=reference.identity() if reference else None, results_path=str(where.staging))
+    guard.started(record, where)
     if hardware.cpu_affinity and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, hardware.cpu_affinity)
     runtime = None
     try:
         from sut.runtime import build_runtime
 
-        runtime = build_runtime(model, dataset, hardware, backend_name, _harness_options(settings, model))
+        options = _harness_options(settings, model)
+        runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
         record.artifacts = runtime.artifacts
+        record.cold_start = dict(runtime.cold_start)
+        # The first inference and the warm-up, outside LoadGen: its test measures a warm system.
+        from sut.warmup import first_inference_and_warm_up
+
+        # SingleStream sends one sample per query, so it warms up at batch 1.
+        warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
+        record.cold_start.update(first_inference_and_warm_up(
+            runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
         modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]
         for mode in modes:
-            _run_mode(mode, runtime, settings, user_conf, where, record, request, reference)
+            _run_mode(mode, runtime, settings, user_conf, where, record, request, reference, guard)
         write_json(where.stage() / "measurements.json", results.measurements(model, backend_name))
         write_text(where.stage() / "README.md", results.readme(model, request.scenario, record.command))
         record.status = "ok"
     except BaseException as exc:
-        record.status = "failed"
-        record.error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        record.finished_at = utc_now()
-        failed_dir = where.keep_failed()
-        record.results_path = str(failed_dir)
-        write_json(failed_dir / "run.json", record.to_dict())
-        _store(request, record)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise RunFailed(f"run failed: {record.error} (logs kept in {failed_dir})", record) from exc
+        _record_usage(record, hardware)
+        _fail_run(record, where, exc, guard)
     finally:
         if runtime is not None:
             runtime.backend.close()
+    _record_usage(record, hardware)
+    if not guard.finalizing():
+        _wait_for_abort()
     record.finished_at = utc_now()
+    record.results_path = str(where.root)
     write_json(where.stage() / "run.json", record.to_dict())
+    (where.staging / "owner.json").unlink(missing_ok=True)
     where.publish()
     results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
-    _store(request, record)
     return record
 
 
-def _store(request: RunRequest, record: RunRecord) -> None:
-    """Add the record to the results database when that module is present (a later layer)."""
-    try:
-        from harness import result_store
-    except ImportError:
-        return
-    result_store.record_run(Path(request.results_dir), record)
+def _record_usage(record: RunRecord, hardware: Any) -> None:
+    """Peak memory of the run's process (and of the device where one was used), for run.json."""
+    from harness.resources import usage
+
+    record.cold_start.update(usage(hardware.device))
+
+
+def _fail_run(record: RunRecord, where: results.ScenarioDir, exc: BaseException, guard: Any) -> None:
+    """Keep the failed run in failed-<run id>/ with its record (and the traceback of anything that is
+    not a user's mistake) and raise RunFailed; unless an abort is already writing it."""
+    if not guard.finalizing():
+        _wait_for_abort()
+    failure = guard.aborted or exc
+    record.status = "failed"
+    record.error = str(failure) if isinstance(failure, UserError) else f"{type(failure).__name__}: {failure}"
+    record.finished_at = utc_now()
+    (where.staging / "owner.json").unlink(missing_ok=True)
+    failed_dir = where.keep_failed()
+    record.results_path = str(failed_dir)
+    cause = _bug_behind(failure)
+    traceback_path = None
+    if cause is not None:
+        traceback_path = failed_dir / "traceback.txt"
+        write_text(traceback_path, "".join(traceback.format_exception(cause)))
+        record.error_traceback = str(traceback_path)
+    write_json(failed_dir / "run.json", record.to_dict())
+    message = f"run failed: {record.error} (logs kept in {failed_dir})"
+    if traceback_path is not None:
+        message += f"; traceback in {traceback_path}"
+    raise RunFailed(message, record, getattr(failure, "exit_status", 1)) from exc
+
+
+def _bug_behind(failure: BaseException) -> BaseException | None:
+    """The exception whose traceback is worth keeping: anything but a user's mistake, including what
+    user code or a backend raised behind a SampleError."""
+    if not isinstance(failure, UserError):
+        return failure
+    cause = getattr(failure, "cause", None) or failure.__cause__
+    return cause if cause is not None and not isinstance(cause, UserError) else None
+
+
+def _wait_for_abort() -> None:
+    """The guard's abort is writing the failed run and will end this process; wait for it."""
+    while True:
+        time.sleep(60)
 
 
 def run_arguments(request: RunRequest, with_results_dir: bool = False) -> list[str]:
@@ -224,13 +251,13 @@ def _command_line(request: RunRequest) -> str:
 
 
 def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,
-              record: RunRecord, request: RunRequest, reference: ReferenceLog | None) -> None:
+              record: RunRecord, request: RunRequest, reference: ReferenceLog | None, guard: Any) -> None:
     dest = where.stage("accuracy") if mode == "accuracy" else where.stage("performance", "run_1")
     mode_settings = replace(settings, mode=mode)
     profile = _profile_session(request, where, mode)
-    with tempfile.TemporaryDirectory(prefix="mlharness-lg-", dir=where.staging) as logdir:
-        failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, Path(logdir), request, profile)
-        kept = results.keep_loadgen_logs(Path(logdir), dest, drop_empty_accuracy=mode != "accuracy")
+    # LoadGen writes straight into the staged folder, so a run stopped mid-test keeps its logs so far.
+    failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard)
+    kept = results.prune_loadgen_logs(dest, drop_empty_accuracy=mode != "accuracy")
     if profile is not None:
         record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
     summary = parse_summary(dest / "mlperf_log_summary.txt")
@@ -243,6 +270,10 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
         record.performance = summary
     if failure is not None:
         raise failure
+    if problems["errors"]:
+        # LoadGen replaced a setting or found the run broken: the numbers do not mean what was asked.
+        raise UserError(f"LoadGen logged {len(problems['errors'])} error(s) in the {mode} test, the first: "
+                        f"{problems['errors'][0][:300]}")
     if mode == "accuracy":
         report = _score(runtime, dest, reference)
         record.accuracy = report.as_record()
@@ -274,7 +305,7 @@ def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str)
 
 
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
-                request: RunRequest, profile: Any = None) -> tuple[BaseException | None, float]:
+                request: RunRequest, profile: Any = None, guard: Any = None) -> tuple[BaseException | None, float]:
     """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time."""
     import mlperf_loadgen as lg
 
@@ -291,12 +322,18 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                           scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                           max_batch_size=options["max_batch_size"], workers=options["workers"],
                           observer=profile)
+    if guard is not None:
+        guard.attach_sut(sut)
+    load_timeout = float(options.get("load_timeout") or 0)
 
     def load_samples(indices: list[int]) -> None:
+        loaded = guard.loading(load_timeout, len(indices)) if guard is not None else (lambda: None)
         try:
             runtime.staged.load_samples(indices)
         except BaseException as exc:  # must not propagate into LoadGen's C++ thread
             sut.fail_staging(exc)
+        finally:
+            loaded()
 
     def unload_samples(indices: list[int]) -> None:
         runtime.staged.unload_samples(indices)

@@ -1,0 +1,254 @@
+"""Faults with real processes and files: signals mid-run, killed runs, user code that exits, hangs or
+crashes, and what each leaves behind. `mlharness run` is started as a real command in its own
+process group; each test checks the exit status, the one-line message, that earlier results are
+byte-identical afterwards, and that no staging folder outlives its run."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+NULL = (REPO / "specs" / "models" / "null.yaml").read_text()
+
+
+def null_manifest(folder: Path, preprocess: str | None = None, postprocess: str | None = None,
+                  name: str = "null") -> Path:
+    """The shipped null model (same name, so it publishes where the good run did) with other code."""
+    text = NULL
+    if preprocess is not None:
+        start = text.index("preprocess: |")
+        end = text.index("attributes:")
+        text = text[:start] + "preprocess: |\n" + "".join(f"  {line}\n" for line in preprocess.splitlines()) + text[end:]
+    if postprocess is not None:
+        text = text.replace("attributes:", "postprocess: |\n" + "".join(
+            f"  {line}\n" for line in postprocess.splitlines()) + "attributes:", 1)
+    text = text.replace('name: "null"', f'name: "{name}"', 1)
+    path = folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def start(results: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("MLHARNESS_DB", None)
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *args, "--results-dir", str(results)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def snapshot(results: Path) -> dict[str, str]:
+    """sha256 of every published file of earlier runs (the database grows by design: left out)."""
+    return {str(p.relative_to(results)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(results.rglob("*")) if p.is_file() and p.suffix != ".sqlite"}
+
+
+def db_runs(results: Path) -> dict[str, tuple[str, str]]:
+    with sqlite3.connect(results / "mlharness.sqlite") as conn:
+        return {row[0]: (row[1], row[2] or "") for row in conn.execute("SELECT run_id, status, error FROM runs")}
+
+
+def failed_record(results: Path) -> dict:
+    found = sorted(results.glob("*/null/*/failed-*/run.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+@pytest.fixture
+def earlier(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A results tree holding one good run, and the snapshot of its files."""
+    results = tmp_path / "results"
+    code, out, err = finish(start(results, "null", "--scenario", "SingleStream", "--quick"))
+    assert code == 0, err
+    return results, snapshot(results)
+
+
+def assert_intact(results: Path, before: dict[str, str]) -> None:
+    after = snapshot(results)
+    assert {k: after.get(k) for k in before} == before, "an earlier result changed"
+    assert not list(results.rglob(".staging-*")), "a staging folder outlived its run"
+
+
+LONG = ("--scenario", "SingleStream", "--set", "min_duration=60000", "--set", "min_query_count=100000000")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_stops_within_two_seconds(earlier: tuple[Path, dict[str, str]], sig: int) -> None:
+    results, before = earlier
+    proc = start(results, "null", *LONG)
+    time.sleep(5)  # well inside the 60 s test
+    assert proc.poll() is None
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C does: to the whole process group
+    code, out, err = finish(proc)
+    took = time.monotonic() - sent
+    assert took < 2.0, f"took {took:.2f} s to stop"
+    assert code == 128 + sig
+    line = error_line(err)
+    assert f"interrupted by {signal.Signals(sig).name}" in line and "failed-" in line
+    record = failed_record(results)
+    assert record["status"] == "failed" and signal.Signals(sig).name in record["error"]
+    # LoadGen's logs so far are kept with the failed run, and the database has the failed run.
+    folder = Path(record["results_path"])
+    assert (folder / "performance" / "run_1" / "mlperf_log_detail.txt").stat().st_size > 0
+    assert db_runs(results)[record["run_id"]][0] == "failed"
+    assert_intact(results, before)
+
+
+def test_killed_run_is_closed_by_the_next_run(earlier: tuple[Path, dict[str, str]]) -> None:
+    results, before = earlier
+    proc = start(results, "null", *LONG)
+    deadline = time.monotonic() + 60
+    while not list(results.rglob(".staging-*/owner.json")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    time.sleep(2)
+    # SIGKILL to the launcher and its run alike: nothing gets to clean up.
+    child_pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                 text=True).stdout.split()]
+    for pid in child_pids:
+        os.killpg(pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert list(results.rglob(".staging-*")), "the kill should have left the run's staging folder"
+    time.sleep(0.5)
+    # The next run finds the folder, sees its owner is gone, and turns it into a failed run.
+    code, out, err = finish(start(results, "null", "--scenario", "Offline", "--quick"))
+    assert code == 0, err
+    record = failed_record(results)
+    assert record["status"] == "failed" and "abandoned" in record["error"]
+    assert db_runs(results)[record["run_id"]][0] == "failed"
+    assert_intact(results, before)
+
+
+def test_killed_launcher_fails_its_run(earlier: tuple[Path, dict[str, str]]) -> None:
+    """SIGKILL to the launching process only: its run notices, keeps its logs as a failed run and
+    records it in the database itself, since nobody else will."""
+    results, before = earlier
+    proc = start(results, "null", *LONG)
+    deadline = time.monotonic() + 60
+    while not list(results.rglob(".staging-*/owner.json")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while list(results.rglob(".staging-*")):
+        assert time.monotonic() < deadline, "the orphaned run did not stop"
+        time.sleep(0.2)
+    record = failed_record(results)
+    assert "launching process ended" in record["error"]
+    time.sleep(0.5)
+    assert db_runs(results)[record["run_id"]][0] == "failed"
+    assert_intact(results, before)
+
+
+@pytest.mark.parametrize("where, code_text, expected", [
+    ("preprocess", "import os\n\ndef preprocess(sample, ctx):\n    os._exit(0)\n",
+     "exited with status 0 before finishing the run"),
+    ("preprocess", "import ctypes\n\ndef preprocess(sample, ctx):\n    ctypes.string_at(0)\n",
+     "was killed by SIGSEGV"),
+    ("postprocess", "import os, signal\n\ndef postprocess(outputs, ctx):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+     "was killed by SIGKILL"),
+])
+def test_user_code_that_ends_the_process_is_a_failed_run(earlier: tuple[Path, dict[str, str]], tmp_path: Path,
+                                                         where: str, code_text: str, expected: str) -> None:
+    results, before = earlier
+    manifest = null_manifest(tmp_path / "models", **{where: code_text})
+    code, out, err = finish(start(results, str(manifest), "--scenario", "SingleStream", "--quick"))
+    assert code == 1
+    line = error_line(err)
+    assert expected in line, line
+    record = failed_record(results)
+    assert record["status"] == "failed" and expected in record["error"]
+    assert db_runs(results)[record["run_id"]] == ("failed", record["error"])
+    assert_intact(results, before)
+
+
+def test_user_code_that_hangs_in_load_query_samples_times_out(earlier: tuple[Path, dict[str, str]],
+                                                               tmp_path: Path) -> None:
+    results, before = earlier
+    manifest = null_manifest(tmp_path / "models", preprocess="import time\n\ndef preprocess(sample, ctx):\n"
+                                                             "    while True:\n        time.sleep(1)\n")
+    began = time.monotonic()
+    code, out, err = finish(start(results, str(manifest), "--scenario", "Offline", "--quick",
+                                  "--set", "load_timeout=2"))
+    assert code == 1 and time.monotonic() - began < 30
+    line = error_line(err)
+    assert "LoadQuerySamples did not finish within 2 s" in line and "load_timeout" in line
+    assert failed_record(results)["status"] == "failed"
+    assert_intact(results, before)
+
+
+def test_a_run_past_its_timeout_is_stopped(earlier: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    results, before = earlier
+    manifest = null_manifest(tmp_path / "models", postprocess="import time\n\ndef postprocess(outputs, ctx):\n"
+                                                               "    time.sleep(3600)\n")
+    began = time.monotonic()
+    code, out, err = finish(start(results, str(manifest), "--scenario", "SingleStream", "--quick",
+                                  "--timeout", "4"))
+    assert code == 1 and time.monotonic() - began < 30
+    line = error_line(err)
+    assert "timed out after 4 s" in line
+    assert "timed out" in failed_record(results)["error"]
+    assert_intact(results, before)
+
+
+def test_a_bug_in_user_code_keeps_its_traceback(earlier: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    results, before = earlier
+    manifest = null_manifest(tmp_path / "models", postprocess="def helper(x):\n    return x['nope']\n\n"
+                                                               "def postprocess(outputs, ctx):\n    return helper(outputs)\n")
+    code, out, err = finish(start(results, str(manifest), "--scenario", "Offline", "--quick"))
+    assert code == 1
+    line = error_line(err)
+    assert "postprocess raised KeyError" in line and "traceback in" in line
+    record = failed_record(results)
+    saved = Path(record["error_traceback"])
+    assert saved.parent == Path(record["results_path"]) and saved.name == "traceback.txt"
+    text = saved.read_text()
+    assert "Traceback" in text and "in helper" in text and "KeyError: 'nope'" in text
+    assert_intact(results, before)
+
+
+def test_results_dir_that_is_a_file(tmp_path: Path) -> None:
+    file = tmp_path / "results"
+    file.write_text("not a folder")
+    code, out, err = finish(start(file, "null", "--scenario", "Offline", "--quick"))
+    assert code == 1
+    assert error_line(err) == f"mlharness: error: --results-dir {file}: exists and is not a directory"
+    assert file.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: a read-only folder cannot be made here")
+def test_results_dir_not_writable(tmp_path: Path) -> None:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        code, out, err = finish(start(folder, "null", "--scenario", "Offline", "--quick"))
+    finally:
+        folder.chmod(0o755)
+    assert code == 1 and "not writable" in error_line(err)
