@@ -174,10 +174,17 @@ def clean_stale_staging(results_dir: Path, store: Callable[[RunRecord], None]) -
 
 
 def store_record(record: RunRecord) -> None:
-    """Add a finished run (ok or failed) to the results database of its results directory."""
+    """Add a finished run (ok or failed) to the results database of its results directory. A
+    database that cannot take it is one line; the run's files are already in place and stay."""
+    import sqlite3
+
     from harness import result_store
 
-    result_store.record_run(Path(record_results_dir(record)), record)
+    try:
+        result_store.record_run(Path(record_results_dir(record)), record)
+    except (UserError, sqlite3.Error) as exc:
+        raise UserError(f"the run's results are in {record.results_path}, but storing its record failed: "
+                        f"{exc}") from None
 
 
 def record_results_dir(record: RunRecord) -> Path:

@@ -31,9 +31,15 @@ class ScenarioDir:
         return path
 
     def publish(self) -> Path:
-        """Move every staged file to its place under root (each a rename), then drop the staging dir."""
-        for src in sorted(p for p in self.staging.rglob("*") if p.is_file()):
-            move_file(src, self.root / src.relative_to(self.staging))
+        """Move every staged file to its place under root (each a rename), then drop the staging dir.
+        Runs publishing into one folder at once take turns (a lock file), so the files of one run are
+        never interleaved with another's."""
+        import fcntl
+
+        with open(self.root / ".publish.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for src in sorted(p for p in self.staging.rglob("*") if p.is_file()):
+                move_file(src, self.root / src.relative_to(self.staging))
         shutil.rmtree(self.staging, ignore_errors=True)
         return self.root
 

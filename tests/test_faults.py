@@ -252,3 +252,43 @@ def test_results_dir_not_writable(tmp_path: Path) -> None:
     finally:
         folder.chmod(0o755)
     assert code == 1 and "not writable" in error_line(err)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_damaged_database_is_one_line_and_keeps_the_run(earlier: tuple[Path, dict[str, str]], damage: str) -> None:
+    results, before = earlier
+    db = results / "mlharness.sqlite"
+    if damage == "garbage":
+        db.write_bytes(b"this is not a database\n" * 100)
+    else:
+        data = db.read_bytes()
+        db.write_bytes(data[: len(data) // 3])
+    damaged = db.read_bytes()
+    code, out, err = finish(start(results, "null", "--scenario", "Offline", "--quick"))
+    assert code == 1
+    line = error_line(err)
+    assert str(db) in line and "the run's results are in" in line
+    # The run itself finished and its files are in place; the damaged file is left as it was.
+    published = json.loads(next(results.glob("*/null/Offline/run.json")).read_text())
+    assert published["status"] == "ok" and published["results_path"] in line
+    assert db.read_bytes() == damaged
+    assert_intact(results, before)
+
+
+def test_two_runs_at_once_into_one_results_dir(earlier: tuple[Path, dict[str, str]]) -> None:
+    results, before = earlier
+    procs = [start(results, "null", "--scenario", "Offline", "--quick") for _ in range(2)]
+    outcomes = [finish(proc) for proc in procs]
+    assert [code for code, _, _ in outcomes] == [0, 0], [err for _, _, err in outcomes]
+    runs = db_runs(results)
+    assert len(runs) == 3 and all(status == "ok" for status, _ in runs.values())
+    # The published folder holds one run's files, not a mix: the summary beside run.json is the one
+    # that run parsed (LoadGen's figures and its timestamped log differ between the two runs).
+    from harness.loadgen_logs import parse_summary
+
+    folder = next(results.glob("*/null/Offline"))
+    record = json.loads((folder / "run.json").read_text())
+    assert record["run_id"] in runs
+    summary = parse_summary(folder / "performance" / "run_1" / "mlperf_log_summary.txt")
+    assert summary == {k: v for k, v in record["performance"].items() if k != "wall_seconds"}
+    assert_intact(results, before)
