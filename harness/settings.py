@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.errors import UserError
 from harness.validation import load_yaml
@@ -56,16 +57,18 @@ class Settings:
     harness: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)  # key -> layer that set it
     layers: list[str] = field(default_factory=list)
+    where: dict[str, str] = field(default_factory=dict)  # key -> where it was set (flag, file and line)
 
     def set(self, key: str, value: Any, layer: str, where: str) -> None:
         if key in LOADGEN_KEYS:
-            self.loadgen[key] = str(value)
+            self.loadgen[key] = _loadgen_text(key, value)
         elif key in HARNESS_KEYS:
             self.harness[key] = _harness_value(key, value, where)
         else:
             known = ", ".join(sorted(LOADGEN_KEYS | HARNESS_KEYS))
             raise UserError(f"{where}: unknown setting {key!r} (known: {known})")
         self.origin[key] = layer
+        self.where[key] = where
 
     def user_conf_text(self) -> str:
         """The merged LoadGen settings as one user.conf, the file FromConfig reads once."""
@@ -98,6 +101,149 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
     elif number <= 0 if key in _FLOAT_KEYS else number < 1:
         raise UserError(f"{where}: {key}: expected {kind} > 0, got {value}")
     return number
+
+
+# ---- LoadGen values ---------------------------------------------------------------------------
+# What LoadGen 6.0.17 makes of each user.conf value (mlcommons/inference loadgen/test_settings_internal.cc,
+# TestSettings::FromConfig): a value must be one integer or real token; integers are read with strtoull
+# (a fraction is cut off, -5 wraps round to 2^64-5, a leading 0 means octal), reals with strtod, and
+# booleans are integers. LoadGen itself checks almost nothing: a negative target_qps is replaced by 1,
+# a zero latency or samples_per_query hangs or crashes it, a percentile of 100 reads past its
+# latencies. So every value is checked here, before anything starts.
+
+_INTEGER = re.compile(r"^(0|[1-9][0-9]*)$")
+_REAL = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+_UINT64_MAX = 2**64 - 1
+_MAX_MS = (2**63 - 1) // 10**6  # LoadGen keeps durations and latencies in signed 64-bit nanoseconds
+
+
+class _Rule(NamedTuple):
+    kind: str  # "real" (> low), "whole" (>= low), "percent", "seed", "bool"
+    low: float
+    meaning: str
+    in_ms: bool = False  # bounded by what LoadGen can hold in nanoseconds
+    note: str = ""
+
+
+_LOADGEN_VALUES: dict[str, _Rule] = {
+    "target_qps": _Rule("real", 0, "a number of queries per second"),
+    "target_latency": _Rule("real", 0, "a latency in ms", True),  # Server: whole ms (see _value_rule)
+    "ttft_latency": _Rule("whole", 1, "a latency in whole ms", True),
+    "tpot_latency": _Rule("whole", 1, "a latency in whole ms", True),
+    "target_latency_percentile": _Rule("percent", 0, "a percentile in percent"),
+    "min_duration": _Rule("whole", 0, "a duration in whole ms", True),
+    "max_duration": _Rule("whole", 0, "a duration in whole ms (0 = no limit)", True),
+    "min_query_count": _Rule("whole", 0, "a query count"),
+    "max_query_count": _Rule("whole", 0, "a query count (0 = no limit)"),
+    "samples_per_query": _Rule("whole", 1, "a sample count"),
+    "performance_sample_count_override": _Rule("whole", 0, "a sample count (0 = the dataset's)"),
+    "performance_issue_same_index": _Rule("whole", 0, "a sample index"),
+    "max_async_queries": _Rule("whole", 0, "a query count (0 = no limit)"),
+    "accuracy_log_sampling_target": _Rule("whole", 0, "a sample count"),
+    "token_latency_scaling_factor": _Rule("whole", 1, "a token count"),
+    "accuracy_log_rng_seed": _Rule("seed", 0, "a seed"),
+    **{key: _Rule("bool", 0, "a boolean") for key in (
+        "performance_issue_unique", "performance_issue_same", "coalesce_queries", "print_timestamps",
+        "sample_concatenate_permutation", "use_token_latencies", "infer_token_latencies")},
+}
+_BOOL_KEYS = frozenset(k for k, rule in _LOADGEN_VALUES.items() if rule.kind == "bool")
+# Keys FromConfig reads only from LoadGen's built-in mlperf.conf, or not at all: a user.conf value is ignored.
+_IGNORED_KEYS = {
+    **{key: "LoadGen reads it only from its built-in mlperf.conf, so a value here would be ignored" for key in (
+        "qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed", "accuracy_log_probability", "test05",
+        "test05_qsl_rng_seed", "test05_sample_index_rng_seed", "test05_schedule_rng_seed")},
+    "server_num_issue_query_threads": "LoadGen's FromConfig never reads it (and the SUT registers no issue "
+                                      "threads), so a value here would be ignored",
+}
+
+
+def _loadgen_text(key: str, value: Any) -> str:
+    """A setting as user.conf text; booleans (YAML true, 'false') become LoadGen's 1/0."""
+    if key in _BOOL_KEYS and str(value).lower() in ("true", "false"):
+        return "1" if str(value).lower() == "true" else "0"
+    return str(value)
+
+
+def _value_rule(key: str, scenario: str) -> _Rule:
+    if key == "target_latency" and scenario == "Server":
+        return _Rule("whole", 1, "a latency in whole ms", True, " (LoadGen reads Server's as an integer)")
+    return _LOADGEN_VALUES[key]
+
+
+def _number_problem(key: str, text: str, scenario: str) -> tuple[str, float | None]:
+    """(what was expected, the number) for one value; the expectation is '' when the value is fine."""
+    rule = _value_rule(key, scenario)
+    if rule.kind == "bool":
+        return ("" if text in ("0", "1") else "0 or 1 (or true/false)"), None
+    high = _MAX_MS if rule.in_ms else _UINT64_MAX
+    if rule.kind in ("whole", "seed"):
+        if not _INTEGER.match(text):
+            octal = " (LoadGen would read a leading 0 as octal)" if re.match(r"^0[0-9]+$", text) else ""
+            what = "an unsigned 64-bit integer" if rule.kind == "seed" else f"{rule.meaning} >= {rule.low:g}"
+            return f"{what}{rule.note}{octal}", None
+        number = int(text)
+        if number < rule.low:
+            return f"{rule.meaning} >= {rule.low:g}{rule.note}", number
+        return ("" if number <= high else f"{rule.meaning} <= {high}{rule.note}"), number
+    number = float(text) if _REAL.match(text) else math.nan
+    number = number if math.isfinite(number) else math.nan
+    if rule.kind == "percent":
+        # LoadGen reads percent (90 = p90) and indexes its sorted latencies with p: 100 reads past them.
+        return ("" if 0 < number < 100 else f"{rule.meaning}, 0 < p < 100 (90 = p90)"), number
+    if not rule.low < number <= (high if rule.in_ms else math.inf):
+        return f"{rule.meaning} > {rule.low:g}", None
+    return "", number
+
+
+def _shown(text: str) -> str:
+    return text if re.match(r"^\S+$", text) else repr(text)
+
+
+def _blame(settings: Settings, key: str) -> tuple[str, str]:
+    """(where the key was set, which layer set it) for a message."""
+    layer = settings.origin.get(key, "?")
+    return settings.where.get(key, layer), layer
+
+
+def validate_loadgen_settings(settings: Settings, performance_sample_count: int | None = None) -> None:
+    """Refuse, in one line naming the key, the value and where it was set, any LoadGen setting that
+    LoadGen would refuse, replace, ignore or crash on. `performance_sample_count` (the QSL's, when
+    known) bounds performance_issue_same_index."""
+    numbers: dict[str, float] = {}
+    for key, text in sorted(settings.loadgen.items()):
+        where, layer = _blame(settings, key)
+        if key in _IGNORED_KEYS:
+            raise UserError(f"{where}: {key}: cannot be set: {_IGNORED_KEYS[key]} (set by {layer})")
+        expected, number = _number_problem(key, text, settings.scenario)
+        if expected:
+            raise UserError(f"{where}: {key}: expected {expected}, got {_shown(text)} (set by {layer})")
+        if number is not None:
+            numbers[key] = number
+    _check_pairs(settings, numbers, performance_sample_count)
+
+
+def _check_pairs(settings: Settings, numbers: dict[str, float], performance_sample_count: int | None) -> None:
+    """The settings that only make sense together: a maximum below its minimum, both issue modes."""
+    def refuse(key: str, expected: str) -> None:
+        where, layer = _blame(settings, key)
+        raise UserError(f"{where}: {key}: expected {expected}, got {_shown(settings.loadgen[key])} (set by {layer})")
+
+    def other(key: str) -> str:
+        where, layer = _blame(settings, key)
+        return f"{key} {settings.loadgen[key]} ({where}, set by {layer})"
+
+    pairs = [("min_duration", "max_duration")]
+    if settings.scenario != "Offline":  # Offline's one query holds min_query_count samples
+        pairs.append(("min_query_count", "max_query_count"))
+    for low, high in pairs:
+        if low in numbers and numbers.get(high) and numbers[high] < numbers[low]:
+            refuse(high, f"0 (no limit) or at least {other(low)}")
+    if settings.loadgen.get("performance_issue_unique") == "1" and settings.loadgen.get("performance_issue_same") == "1":
+        refuse("performance_issue_same", f"0 while {other('performance_issue_unique')} (LoadGen refuses both)")
+    if settings.loadgen.get("performance_issue_same") == "1" and "performance_issue_same_index" in numbers:
+        count = int(numbers.get("performance_sample_count_override") or 0) or performance_sample_count
+        if count and numbers["performance_issue_same_index"] >= count:
+            refuse("performance_issue_same_index", f"a sample index below the performance sample count {count}")
 
 
 def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str) -> list[tuple[str, str, int]]:
@@ -171,6 +317,7 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
         if not sep or not key.strip():
             raise UserError(f"--set {item!r}: expected key=value")
         settings.set(key.strip(), value.strip(), "cli", f"--set {item}")
+    validate_loadgen_settings(settings)
     return settings
 
 
