@@ -12,19 +12,25 @@ from typing import Any
 
 from harness.errors import UserError
 from harness.result_store import ResultStore, RunFilter, load_record_file
+from harness.run_record import migrate_record
 
 QUERY_KEYS = frozenset({"model", "scenario", "backend", "mode", "status", "sweep", "system", "n"})
 
 
 def _records_below(folder: Path) -> list[dict[str, Any]]:
+    """Every run.json below the folder (a damaged one is an error), and any other JSON file that
+    holds a run record (a saved `results show --json`); each checked and migrated by RunRecord."""
     found = []
     for path in sorted(folder.rglob("*.json")):
+        if path.name == "run.json":
+            found.append(load_record_file(path))
+            continue
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(data, dict) and isinstance(data.get("run_id"), str) and "scenario" in data:
-            found.append(data)
+            found.append(migrate_record(data, str(path)))
     if not found:
         raise UserError(f"{folder}: no run records (run.json) below this folder")
     return found

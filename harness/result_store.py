@@ -315,13 +315,21 @@ def record_run(results_dir: Path, record: Any) -> None:
 
 
 def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
-    """Add run.json files (or every run.json below a folder) to the database; returns their ids."""
-    added = []
+    """Add run.json files (or every run.json below a folder) to the database; returns their ids.
+    Every file is read and checked first, so one bad file stores nothing."""
+    records = load_run_files(paths)
+    for record in records:
+        store.add_run(record)
+    return [record["run_id"] for record in records]
+
+
+def load_run_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The records of run.json files (or of every run.json below a folder), each read and checked."""
+    records = []
     for path in paths:
-        files = sorted(path.rglob("run.json")) if path.is_dir() else [path]
-        for file in files:
-            added.append(store_record_file(store, file))
-    return added
+        files = sorted(Path(path).rglob("run.json")) if Path(path).is_dir() else [Path(path)]
+        records += [load_record_file(file) for file in files]
+    return records
 
 
 def store_record_file(store: ResultStore, path: Path) -> str:
@@ -331,12 +339,7 @@ def store_record_file(store: ResultStore, path: Path) -> str:
 
 
 def load_record_file(path: Path) -> dict[str, Any]:
-    try:
-        record = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read run record: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON: line {exc.lineno}: {exc.msg}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
-        raise UserError(f"{path}: run_id: expected a run record (run.json) with a run_id")
-    return record
+    """One run.json as a dict, checked and migrated to this mlharness's schema as RunRecord.load does."""
+    from harness.run_record import read_record_file
+
+    return read_record_file(path)

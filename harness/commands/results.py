@@ -137,11 +137,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.result_store import import_run_files
+    from harness.result_store import load_run_files
 
+    records = load_run_files([Path(p) for p in args.paths])  # every file checked before anything is stored
     with open_store(args, create=True) as store:
-        added = import_run_files(store, [Path(p) for p in args.paths])
-    print(f"{len(added)} run(s) stored in {store.path}")
+        for record in records:
+            store.add_run(record)
+    print(f"{len(records)} run(s) stored in {store.path}")
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.errors import UserError
 from harness.loadgen_logs import parse_summary
+from harness.run_record import read_record_file
 
 STEPS_FILE = "submission_steps.json"
 PERF_MODES = ("performance", "submission")
@@ -62,7 +63,7 @@ def candidate_records(results_dir: Path, scenario_dir: Path) -> list[dict[str, A
     for record in _store_records(results_dir, system, model, scenario):
         found.setdefault(record["run_id"], record)
     if (scenario_dir / "run.json").is_file():
-        record = _read_json(scenario_dir / "run.json")
+        record = read_record_file(scenario_dir / "run.json")
         found[record["run_id"]] = record  # the tree's copy carries the latest compliance outcomes
     return sorted((r for r in found.values() if r.get("status") == "ok"),
                   key=lambda r: (r.get("started_at") or "", r["run_id"]), reverse=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.atomic_io import write_json
 from harness.errors import UserError
+from harness.run_record import read_record_file
 from harness.settings import SCENARIOS
 from harness.submission.compliance import parse_tests, record_outcomes, run_audit
 from harness.submission.runs import STEPS_FILE
@@ -212,10 +213,10 @@ def run_session(options: SessionOptions) -> int:
 def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: Path) -> dict[str, Any]:
     if step in ("performance", "accuracy"):
         run_json = scenario_dir / "run.json"
-        before = json.loads(run_json.read_text()).get("run_id") if run_json.is_file() else None
+        before = read_record_file(run_json)["run_id"] if run_json.is_file() else None
         args = _run_args(options, scenario, step)
         proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True)
-        record = json.loads(run_json.read_text()) if run_json.is_file() else {}
+        record = read_record_file(run_json) if run_json.is_file() else {}
         # A published run.json with a new id is the step's record; exit 1 alone may be a reference check.
         if record.get("run_id") in (None, before) or record.get("status") != "ok" or record.get("mode") != step:
             tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
