@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 from harness.atomic_io import move_file, write_json, write_text
 from harness.errors import UserError
 from harness.loadgen_logs import detail_values
+from harness.run_record import read_record_file
 from harness.submission.rules import COMPLIANCE, ComplianceRule
 
 # The submission run's figure each scenario is judged by, as named in the detail log.
@@ -65,6 +67,11 @@ def _entries(path: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text() or "[]")
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: expected LoadGen's accuracy log (a JSON list): {exc}") from None
+    if not isinstance(data, list):
+        raise UserError(f"{path}: expected LoadGen's accuracy log (a JSON list), got {type(data).__name__}")
+    for i, entry in enumerate(data):
+        if not (isinstance(entry, dict) and isinstance(entry.get("qsl_idx"), int) and "data" in entry):
+            raise UserError(f"{path}: entry {i}: expected {{qsl_idx: integer, data: ...}}, got {str(entry)[:80]}")
     return data
 
 
@@ -99,11 +106,16 @@ def verify_accuracy(reference_log: Path, test_log: Path, labels: tuple[str, str]
 
 
 def run_score(detail_log: Path) -> tuple[str, float | None, bool]:
-    """(scenario, the figure the scenario is judged by, VALID?) from a performance detail log."""
+    """(scenario, the figure the scenario is judged by, VALID?) from a performance detail log;
+    the figure is None when the log has none or it is not a number."""
     values = detail_values(detail_log, ("effective_scenario", "result_validity", *SCORE_KEYS.values()))
     scenario = str(values.get("effective_scenario", ""))
     score = values.get(SCORE_KEYS.get(scenario, ""))
-    return scenario, (float(score) if score is not None else None), values.get("result_validity") == "VALID"
+    try:
+        number = float(score) if score is not None and not isinstance(score, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    return scenario, number, values.get("result_validity") == "VALID"
 
 
 def verify_performance(test: str, reference_detail: Path, test_detail: Path,
@@ -118,13 +130,21 @@ def verify_performance(test: str, reference_detail: Path, test_detail: Path,
         return Verdict(False, lines + ["score missing from a detail log"])
     if ref_scenario != test_scenario:
         return Verdict(False, lines + [f"scenarios differ: {ref_scenario} vs {test_scenario}"])
+    unusable = [name for name, raw in (("reference", ref_raw), ("test", test_raw))
+                if not (math.isfinite(raw) and raw > 0)]
+    if unusable:
+        # LoadGen logs 0 when it has no figure, e.g. a latency run too short for early stopping.
+        return Verdict(False, lines + [f"reference score = {ref_raw:g}", f"test score = {test_raw:g}",
+                                       f"no comparison: the {' and '.join(unusable)} "
+                                       f"{'runs have' if len(unusable) > 1 else 'run has'} no positive score "
+                                       f"(LoadGen logs 0 when it could not compute the figure)"])
     # TEST04 compares throughput (1e9 / latency for the latency scenarios); TEST01 compares the raw figure.
     as_rate = test == "TEST04" and ref_scenario in LATENCY_SCENARIOS
     ref_score = 1e9 / ref_raw if as_rate else ref_raw
     test_score = 1e9 / test_raw if as_rate else test_raw
     threshold = _threshold(rule, ref_scenario, ref_score)
     lines += [f"reference score = {ref_score:.6g}", f"test score = {test_score:.6g}",
-              f"ratio = {test_score / ref_score:.4f}" if ref_score else "ratio = n/a",
+              f"ratio = {test_score / ref_score:.4f}",
               f"threshold = {threshold:.0%}"]
     if test == "TEST04":
         within = test_score < ref_score * (1 + threshold)
@@ -222,7 +242,7 @@ def record_outcomes(scenario_dir: Path, outcomes: dict[str, Any],
     """Attach the outcomes to the performance run's record (default: the scenario's run.json when it
     is a performance run): in run.json when it is that run, and in the results database."""
     run_json = scenario_dir / "run.json"
-    current = json.loads(run_json.read_text()) if run_json.is_file() else None
+    current = read_record_file(run_json) if run_json.is_file() else None
     if record is None:
         if not current or current.get("mode") not in ("performance", "submission"):
             return None
