@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from harness import comparability, record_metrics
 from harness.errors import UserError
+from harness.optional import require
 
 _RULE = re.compile(r"^(?P<figure>[A-Za-z0-9_.]+):(?P<sign>[+-])(?P<limit>\d+(?:\.\d+)?)(?P<unit>%|pt)?$")
 DEFAULT_ALPHA = 0.05
@@ -115,7 +116,7 @@ class GateResult:
 
 def _mann_whitney(rule: Rule, baseline: list[float], candidate: list[float], alpha: float) -> tuple[float | None, str]:
     """One-sided p that the candidate moved in the rule's bad direction; None when n cannot reach alpha."""
-    from scipy.stats import mannwhitneyu
+    mannwhitneyu = require("scipy.stats", "gates", "the gate's Mann-Whitney U test").mannwhitneyu
 
     smallest_p = 1.0 / math.comb(len(baseline) + len(candidate), len(baseline))
     if smallest_p > alpha:

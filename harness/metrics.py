@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from harness.errors import UserError
+from harness.optional import require
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def _correlation(kind: str, outputs: Mapping[int, np.ndarray], labels: Sequence[
     predicted, gold, skipped = _scored_pairs(outputs, labels)
     if len(gold) < 2:
         raise UserError(f"{kind}: expected at least 2 scored pairs with both outputs logged, got {len(gold)}")
-    from scipy import stats  # only the pair metrics need scipy
+    stats = require("scipy.stats", "text", f"the {kind}_pairs metric")  # only the pair metrics need scipy
 
     value = float(stats.spearmanr(predicted, gold)[0] if kind == "spearman" else stats.pearsonr(predicted, gold)[0])
     headline = f"{kind}={value:.4f}, pairs={len(gold)}" + (f", skipped={skipped}" if skipped else "")

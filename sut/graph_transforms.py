@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from harness.atomic_io import write_bytes
 from harness.errors import UserError
+from harness.optional import require
 
 Transform = Callable[[Any], None]
 _TRANSFORMS: dict[str, Transform] = {}
@@ -55,8 +56,7 @@ def apply_transforms(graph_path: Path, source_sha: str, names: tuple[str, ...], 
     key = hashlib.sha256(f"{source_sha}:{','.join(names)}".encode()).hexdigest()[:20]
     out = cache / "graphs" / f"{graph_path.stem}.{key}.onnx"
     if not out.is_file():
-        import onnx
-
+        onnx = require("onnx", "onnxruntime", f"the graph transforms {', '.join(names)}")
         model = onnx.load(str(graph_path))
         for name in names:
             _TRANSFORMS[name](model)
