@@ -107,11 +107,24 @@ class SoftwareManifest(Manifest):
 
 
 @dataclass(frozen=True)
+class TensorRTOptions:
+    """ONNX Runtime's TensorRT execution provider, as a hardware manifest's `tensorrt:` asks for it."""
+
+    enabled: bool = True
+    fp16: bool = False
+    engine_cache: str | None = None  # folder for built engines (resolved); None: build them every load
+
+    def describe(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "fp16": self.fp16, "engine_cache": self.engine_cache}
+
+
+@dataclass(frozen=True)
 class HardwareManifest(Manifest):
     device: str = "cpu"
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     cpu_affinity: tuple[int, ...] | None = None
+    tensorrt: TensorRTOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -345,7 +358,7 @@ def parse_hardware(doc: Any, path: Path, sha: str) -> HardwareManifest:
     name, version = _common(check, doc, "hardware")
     doc = doc if isinstance(doc, dict) else {}
     check.unknown_keys(doc, "", ("kind", "name", "version", "description", "device", "intra_op_threads",
-                                 "inter_op_threads", "cpu_affinity", "system"))
+                                 "inter_op_threads", "cpu_affinity", "system", "tensorrt"))
     device = check.pattern(doc, "device", "", DEVICE, "cpu or cuda:N") or "cpu"
     threads = {}
     for key in ("intra_op_threads", "inter_op_threads"):
@@ -358,7 +371,32 @@ def parse_hardware(doc: Any, path: Path, sha: str) -> HardwareManifest:
         check.fail("cpu_affinity", "a list of CPU indices", affinity)
     return _done(check, HardwareManifest(
         kind="hardware", name=name, version=version, path=path, sha256=sha, doc=doc, device=device,
-        cpu_affinity=tuple(affinity) if affinity else None, **threads))
+        cpu_affinity=tuple(affinity) if affinity else None, tensorrt=_tensorrt(check, doc, path, device),
+        **threads))
+
+
+def _tensorrt(check: Checker, doc: dict, path: Path, device: str) -> TensorRTOptions | None:
+    """`tensorrt: {enabled, fp16, engine_cache}`: the onnxruntime backend's TensorRT provider on a cuda device."""
+    raw = doc.get("tensorrt")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        check.fail("tensorrt", "a mapping {enabled, fp16, engine_cache}", raw)
+        return None
+    check.unknown_keys(raw, "tensorrt", ("enabled", "fp16", "engine_cache"))
+    enabled = check.get(raw, "enabled", "tensorrt", bool, "true or false", False, True)
+    fp16 = check.get(raw, "fp16", "tensorrt", bool, "true or false", False, False)
+    cache = check.get(raw, "engine_cache", "tensorrt", str, "a folder for built engines (relative to this file)",
+                      False)
+    if cache is not None and not cache.strip():
+        check.fail("tensorrt.engine_cache", "a folder for built engines (relative to this file)", cache)
+        cache = None
+    if enabled and not device.startswith("cuda:"):
+        check.fail("tensorrt.enabled", f"false on device {device} (TensorRT runs on a cuda:N device)", enabled)
+    folder = Path(cache).expanduser() if cache else None
+    if folder is not None and not folder.is_absolute():
+        folder = path.parent / folder
+    return TensorRTOptions(enabled=bool(enabled), fp16=bool(fp16), engine_cache=str(folder) if folder else None)
 
 
 def parse_reference(doc: Any, path: Path, sha: str) -> ReferenceLog:

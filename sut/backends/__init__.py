@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from harness.errors import UserError
+from harness.optional import require
 from sut.backends.base import Backend
 
 # name -> "module:Class"; the order is the preference when a model has manifests for several.
@@ -14,11 +15,16 @@ _REGISTRY: dict[str, str] = {
     "torch": "sut.backends.torch_backend:TorchBackend",
     "null": "sut.backends.null_backend:NullBackend",
 }
+# name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
+_EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch"}
 
 
-def register(name: str, target: str) -> None:
-    """Add a backend: `target` is "module:Class" of a Backend subclass."""
+def register(name: str, target: str, extra: str | None = None) -> None:
+    """Add a backend: `target` is "module:Class" of a Backend subclass; `extra` the mlharness extra
+    that installs its framework, named when the framework is missing."""
     _REGISTRY[name] = target
+    if extra:
+        _EXTRAS[name] = extra
 
 
 def names() -> list[str]:
@@ -33,9 +39,20 @@ def backend_class(name: str) -> type[Backend]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UserError(f"backend {name!r} needs a package that is not installed: {exc}") from None
+        extra = _EXTRAS.get(name)
+        install = f"; pip install 'mlharness[{extra}]'" if extra else ""
+        raise UserError(f"backend {name!r} needs a package that is not installed: {exc}{install}") from None
     return getattr(module, cls_name)
 
 
 def create(name: str, **kwargs: Any) -> Backend:
-    return backend_class(name)(**kwargs)
+    """A backend for the hardware manifest (`hardware=`): its framework must be installed and see
+    the manifest's device, else a one-line error naming the manifest, its device and why."""
+    cls = backend_class(name)
+    if cls.framework:
+        require(cls.framework, _EXTRAS.get(name), f"the {name} backend")
+    hardware = kwargs.get("hardware")
+    problem = cls.device_problem(hardware) if hardware is not None else None
+    if problem:
+        raise UserError(f"{hardware.path}: {problem}")
+    return cls(**kwargs)

@@ -37,7 +37,20 @@ class FrameworkProfile:
 
 class Backend(ABC):
     name: str = ""
-    devices: tuple[str, ...] = ("cpu",)
+    devices: tuple[str, ...] = ("cpu",)  # device kinds (cpu, cuda) this backend can run on
+    framework: str | None = None  # the module it runs on, required when the backend is created
+    uses_tensorrt: bool = False  # whether it honours the hardware manifest's tensorrt section
+
+    @classmethod
+    def device_problem(cls, hardware: HardwareManifest) -> str | None:
+        """Why this backend cannot run on the hardware manifest's device here ("FIELD: why"), or None.
+        Backends with accelerators extend it with what their framework sees on this machine."""
+        kind = hardware.device.partition(":")[0]
+        if kind not in cls.devices:
+            return f"device: the {cls.name} backend runs on {' or '.join(cls.devices)} only, got {hardware.device}"
+        if hardware.tensorrt is not None and hardware.tensorrt.enabled and not cls.uses_tensorrt:
+            return f"tensorrt: enabled, but the {cls.name} backend does not use TensorRT (the onnxruntime backend does)"
+        return None
 
     def __init__(self, model: ModelManifest, sources: dict[str, Path], hardware: HardwareManifest,
                  options: dict[str, Any] | None = None):

@@ -1,5 +1,6 @@
-"""ONNX Runtime: CPU execution provider by default; CUDA / TensorRT providers when the hardware
-manifest names a cuda device and this onnxruntime build has them."""
+"""ONNX Runtime: CPU execution provider by default; CUDA on the hardware manifest's cuda:N device,
+with TensorRT ahead of it when the manifest's `tensorrt` section enables it. A provider this build
+lacks, or one that cannot start, is an error naming the hardware manifest, never a silent CPU run."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import numpy as np
 
 from harness.artifacts import cache_dir
 from harness.errors import UserError
+from harness.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
 from sut.graph_transforms import apply_transforms
 
@@ -21,6 +23,18 @@ _NUMPY_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tens
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     devices = ("cpu", "cuda")
+    framework = "onnxruntime"
+    uses_tensorrt = True
+
+    @classmethod
+    def device_problem(cls, hardware: HardwareManifest) -> str | None:
+        """A cuda device needs this onnxruntime build's CUDA provider, and tensorrt its TensorRT provider."""
+        problem = super().device_problem(hardware)
+        if problem or hardware.device == "cpu":
+            return problem
+        import onnxruntime as ort
+
+        return provider_problem(hardware, ort.get_available_providers(), ort.__version__)
 
     def load(self) -> None:
         import onnxruntime as ort
@@ -30,11 +44,13 @@ class OnnxRuntimeBackend(Backend):
             graph, self.model.sources["graph"].sha256 or "", self.model.graph_transforms, cache_dir())
         options = self._session_options()
         self.session_options = options
-        self.providers = self._providers(ort.get_available_providers())
+        self.providers, self.provider_options = self._providers(ort.get_available_providers())
         try:
-            self.session = ort.InferenceSession(str(self.graph_path), options, providers=self.providers)
+            self.session = ort.InferenceSession(str(self.graph_path), options, providers=self.providers,
+                                                provider_options=self.provider_options)
         except Exception as exc:  # ORT raises its own types for bad graphs
             raise UserError(f"{self.model.path}: sources.graph: ONNX Runtime cannot load {graph}: {exc}") from None
+        self._check_providers_started()
         self._check_io()
         self.output_names = [o.name for o in self.model.outputs]
 
@@ -61,7 +77,8 @@ class OnnxRuntimeBackend(Backend):
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(out_dir) / "onnxruntime_profile")
         self._plain_session = self.session
-        self.session = ort.InferenceSession(str(self.graph_path), options, providers=self.providers)
+        self.session = ort.InferenceSession(str(self.graph_path), options, providers=self.providers,
+                                            provider_options=self.provider_options)
 
     def end_profiling(self) -> FrameworkProfile:
         profiled, self.session = self.session, self._plain_session
@@ -70,18 +87,43 @@ class OnnxRuntimeBackend(Backend):
         path = path.replace(path.with_name("onnxruntime_profile.json"))  # a fixed name: a re-run replaces it
         return FrameworkProfile("onnxruntime", "realtime", ort_events(path, start_ns), [path])
 
-    def _providers(self, available: list[str]) -> list[str]:
-        device = self.hardware.device
-        if device == "cpu":
-            return ["CPUExecutionProvider"]
-        wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        if self.hardware.doc.get("tensorrt"):
-            wanted.insert(0, "TensorrtExecutionProvider")
-        chosen = [p for p in wanted if p in available]
-        if "CUDAExecutionProvider" not in chosen:
-            raise UserError(f"{self.hardware.path}: device: {device} needs onnxruntime with CUDAExecutionProvider "
-                            f"(available: {', '.join(available)})")
-        return chosen
+    def _providers(self, available: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """Execution providers in priority order with their options: TensorRT (when the hardware
+        manifest enables it), CUDA on the manifest's device, then the CPU for what they do not run."""
+        hardware = self.hardware
+        if hardware.device == "cpu":
+            return ["CPUExecutionProvider"], [{}]
+        import onnxruntime as ort
+
+        problem = provider_problem(hardware, available, ort.__version__)
+        if problem:
+            raise UserError(f"{hardware.path}: {problem}")
+        device_id = int(hardware.device.partition(":")[2])
+        chosen: list[tuple[str, dict[str, Any]]] = []
+        tensorrt = hardware.tensorrt
+        if tensorrt is not None and tensorrt.enabled:
+            trt_options: dict[str, Any] = {"device_id": device_id, "trt_fp16_enable": tensorrt.fp16,
+                                           "trt_engine_cache_enable": tensorrt.engine_cache is not None}
+            if tensorrt.engine_cache is not None:
+                try:
+                    Path(tensorrt.engine_cache).mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise UserError(f"{hardware.path}: tensorrt.engine_cache: cannot create "
+                                    f"{tensorrt.engine_cache}: {exc.strerror or exc}") from None
+                trt_options["trt_engine_cache_path"] = tensorrt.engine_cache
+            chosen.append(("TensorrtExecutionProvider", trt_options))
+        chosen += [("CUDAExecutionProvider", {"device_id": device_id}), ("CPUExecutionProvider", {})]
+        return [name for name, _ in chosen], [options for _, options in chosen]
+
+    def _check_providers_started(self) -> None:
+        """ONNX Runtime falls back to the CPU, with only a log line, when a GPU provider cannot start
+        (a missing CUDA, cuDNN or TensorRT library): that would measure the wrong device."""
+        started = self.session.get_providers()
+        missing = [p for p in self.providers if p not in started]
+        if missing:
+            raise UserError(f"{self.hardware.path}: device: onnxruntime could not start {', '.join(missing)} for "
+                            f"{self.hardware.device} (the session has {', '.join(started)}); check that the CUDA, "
+                            f"cuDNN and TensorRT libraries it needs are installed")
 
     def _check_io(self) -> None:
         graph_inputs = {i.name: i for i in self.session.get_inputs()}
@@ -115,9 +157,25 @@ class OnnxRuntimeBackend(Backend):
     def describe(self) -> dict[str, Any]:
         import onnxruntime as ort
 
-        return {**super().describe(), "providers": self.providers, "onnxruntime": ort.__version__,
+        tensorrt = self.hardware.tensorrt
+        return {**super().describe(), "providers": self.providers, "provider_options": self.provider_options,
+                "tensorrt": tensorrt.describe() if tensorrt is not None else None, "onnxruntime": ort.__version__,
                 "graph": str(self.graph_path), "graph_sha256": self.graph_sha256,
                 "transforms": list(self.model.graph_transforms)}
+
+
+def provider_problem(hardware: HardwareManifest, available: list[str], version: str) -> str | None:
+    """Why onnxruntime `version` with these execution providers cannot run the hardware manifest
+    ("FIELD: why"), or None."""
+    if hardware.device == "cpu":
+        return None
+    if "CUDAExecutionProvider" not in available:
+        return (f"device: {hardware.device} needs onnxruntime with CUDAExecutionProvider, but no CUDA device "
+                f"is visible to onnxruntime {version} (providers: {', '.join(available)})")
+    if hardware.tensorrt is not None and hardware.tensorrt.enabled and "TensorrtExecutionProvider" not in available:
+        return (f"tensorrt: enabled, but onnxruntime {version} has no TensorrtExecutionProvider "
+                f"(providers: {', '.join(available)})")
+    return None
 
 
 def ort_events(path: Path, start_ns: int) -> list[OpEvent]:

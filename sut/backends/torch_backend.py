@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UserError
+from harness.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
 from sut.processing import ProcessingContext, compile_function
 
@@ -19,6 +20,24 @@ _THREADS_LOCK = threading.Lock()
 class TorchBackend(Backend):
     name = "torch"
     devices = ("cpu", "cuda")
+    framework = "torch"
+
+    @classmethod
+    def device_problem(cls, hardware: HardwareManifest) -> str | None:
+        """A cuda:N device must be one this torch build sees."""
+        problem = super().device_problem(hardware)
+        if problem or hardware.device == "cpu":
+            return problem
+        import torch
+
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            return f"device: no CUDA device is visible to torch {torch.__version__} ({build}), got {hardware.device}"
+        count = torch.cuda.device_count()
+        index = int(hardware.device.partition(":")[2])
+        if index >= count:
+            return f"device: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1}), got {hardware.device}"
+        return None
 
     def load(self) -> None:
         import torch
