@@ -38,6 +38,7 @@ class RunRecord:
     schema_version: int = RUN_SCHEMA_VERSION
     status: str = "running"  # running -> ok | failed
     error: str | None = None
+    error_traceback: str | None = None  # where the traceback of a failure that is not a user's mistake was kept
     started_at: str = field(default_factory=utc_now)
     finished_at: str | None = None
     system_name: str = ""

@@ -1,7 +1,7 @@
 """Compliance tests TEST01 and TEST04 through LoadGen's audit.config mechanism.
 
 Each audit runs the same model, scenario and settings in performance mode with an audit.config
-we write from the documented keys, in a fresh process (see audit_worker.py). Its logs go to
+we write from the documented keys, in a fresh process (harness.launcher). Its logs go to
 <Scenario>/<TEST>/performance/run_1/ (TEST01 also keeps its sampled accuracy log in
 <TEST>/accuracy/), and verify_accuracy.txt / verify_performance.txt say TEST PASS or TEST FAIL with
 the numbers, judged as the official compliance scripts judge:
@@ -16,8 +16,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,11 +175,11 @@ def run_audit(request: Any, test: str, scenario_dir: Path) -> dict[str, Any]:
         work = Path(tmp)
         audit = work / "audit.config"
         write_text(audit, audit_config_text(test))
-        fields = dataclasses.asdict(request) | {
-            "mode": "performance", "audit_config": str(audit), "results_dir": str(work / "results"),
-            "command": f"{request.command or 'mlharness run'} [{test} audit]"}
-        record = _run_worker(fields, test)
-        produced = Path(record["results_path"])
+        audit_request = dataclasses.replace(
+            request, mode="performance", audit_config=audit, results_dir=work / "results",
+            command=f"{request.command or 'mlharness run'} [{test} audit]")
+        record = _run_audit_test(audit_request, test)
+        produced = Path(record.results_path)
         staged = work / test
         perf = produced / "performance" / "run_1"
         for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
@@ -200,7 +198,7 @@ def run_audit(request: Any, test: str, scenario_dir: Path) -> dict[str, Any]:
                                           f"{test}/performance/run_1/mlperf_log_detail.txt"))
         write_text(staged / "verify_performance.txt", performance.text())
         _replace_dir(staged, scenario_dir / test)
-    outcome = {"run_id": record["run_id"], "performance": "PASS" if performance.passed else "FAIL",
+    outcome = {"run_id": record.run_id, "performance": "PASS" if performance.passed else "FAIL",
                "performance_detail": performance.lines[3:]}
     if test == "TEST01":
         outcome["accuracy"] = "PASS" if accuracy.passed else "FAIL"
@@ -209,15 +207,15 @@ def run_audit(request: Any, test: str, scenario_dir: Path) -> dict[str, Any]:
     return outcome
 
 
-def _run_worker(fields: dict[str, Any], test: str) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.pop("MLHARNESS_DB", None)  # the audit's record stays out of the results database
-    proc = subprocess.run([sys.executable, "-m", "harness.submission.audit_worker", json.dumps(fields)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-        raise UserError(f"{test} audit run failed: {tail[0]}")
-    return json.loads(proc.stdout)
+def _run_audit_test(request: Any, test: str) -> Any:
+    """The audit's LoadGen test in a fresh process (harness.launcher); its record stays out of the
+    results database (the audit outcome is recorded on the run it audits)."""
+    from harness.launcher import LocalLauncher, run_request
+
+    try:
+        return run_request(request, LocalLauncher(store=False))
+    except UserError as exc:
+        raise UserError(f"{test} audit run failed: {exc}") from None
 
 
 def _replace_dir(staged: Path, target: Path) -> None:
