@@ -31,7 +31,9 @@ class Plot:
 
 
 def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, loaded only when a report is written
-    import matplotlib
+    from harness.optional import require
+
+    matplotlib = require("matplotlib", "reports", "report plots")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

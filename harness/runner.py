@@ -18,7 +18,7 @@ from harness.loadgen_logs import detail_problems, parse_summary
 from harness.manifests import ModelManifest, ReferenceLog
 from harness.request import DEFAULT_RESULTS_DIR, RunRequest
 from harness.run_record import RunRecord, new_run_id, utc_now
-from harness.settings import Settings, apply_to_loadgen, build_settings
+from harness.settings import Settings, apply_to_loadgen, build_settings, validate_loadgen_settings
 from harness.specs import SpecIndex
 
 __all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run", "run_here", "select_model"]
@@ -120,6 +120,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     reference = index.find("reference", request.reference) if request.reference else \
         find_reference(index, model, dataset.name, backend_name)
     settings = prepare_settings(request, model)
+    _check_device(backend_name, hardware)
     installed = system_mod.check_software(software)
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
@@ -177,6 +178,15 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     where.publish()
     results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
     return record
+
+
+def _check_device(backend_name: str, hardware: Any) -> None:
+    """A device the backend cannot use here is refused before anything is written."""
+    from sut import backends as backend_registry
+
+    problem = backend_registry.backend_class(backend_name).device_problem(hardware)
+    if problem:
+        raise UserError(f"{hardware.path}: {problem}")
 
 
 def _record_usage(record: RunRecord, hardware: Any) -> None:
@@ -340,6 +350,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
 
     total = len(runtime.staged)
     perf_count = min(total, int(runtime.model.attributes.get("performance_sample_count", 1024)))
+    validate_loadgen_settings(settings, performance_sample_count=perf_count)
     # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
     audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
     # Tracers wrap only the test (and the SUT's workers, so they can follow them); none without --profile.
