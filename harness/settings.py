@@ -98,8 +98,10 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
     if key in _ZERO_OK_KEYS:
         if number < 0:
             raise UserError(f"{where}: {key}: expected {kind} >= 0, got {value}")
-    elif number <= 0 if key in _FLOAT_KEYS else number < 1:
+    elif key in _FLOAT_KEYS and number <= 0:
         raise UserError(f"{where}: {key}: expected {kind} > 0, got {value}")
+    elif key not in _FLOAT_KEYS and number < 1:
+        raise UserError(f"{where}: {key}: expected {kind} >= 1, got {value}")
     return number
 
 
@@ -328,7 +330,7 @@ _MODES = {"performance": "PerformanceOnly", "accuracy": "AccuracyOnly", "find-pe
 
 
 def loadgen_config_loaded() -> bool:
-    """True once this process has applied a LoadGen configuration (see harness.isolation)."""
+    """True once this process has applied a LoadGen configuration (a run has its own process: harness.launcher)."""
     return bool(_LOADED)
 
 
@@ -347,7 +349,7 @@ def apply_to_loadgen(settings: Settings, user_conf_path: Path) -> Any:
         _LOADED.update(key=key, test=test)
     elif _LOADED["key"] != key:
         raise RuntimeError("LoadGen was already configured in this process with other settings; "
-                           "run each benchmark in its own process (harness.isolation)")
+                           "run each benchmark in its own process (harness.launcher)")
     test = _LOADED["test"]
     test.mode = getattr(lg.TestMode, _MODES[settings.mode])
     return test
