@@ -13,16 +13,72 @@ from sut.processing import ProcessingContext
 
 
 class SampleError(UserError):
-    """User code failed on one sample; the message names the sample index."""
+    """User code failed on, or broke the manifest's contract for, some samples; the message names
+    the first few sample indices (all of them stay in `indices`) and the stage.
 
-    def __init__(self, indices: Sequence[int], stage: str, exc: BaseException):
+    `problem` is either the exception user code raised ("sample 3: preprocess raised ...") or a
+    sentence saying what the stage returned ("sample 3: preprocess returned input 'x' as ...")."""
+
+    SHOWN = 8  # a batch can hold a thousand samples; the message stays one readable line
+
+    def __init__(self, indices: Sequence[int], stage: str, problem: BaseException | str):
         self.indices = list(indices)
         self.stage = stage
-        which = f"sample {self.indices[0]}" if len(self.indices) == 1 else f"samples {self.indices}"
-        super().__init__(f"{which}: {stage} raised {type(exc).__name__}: {exc}")
+        if len(self.indices) == 1:
+            which = f"sample {self.indices[0]}"
+        elif len(self.indices) <= self.SHOWN:
+            which = f"samples {self.indices}"
+        else:
+            which = f"samples {str(self.indices[:self.SHOWN])[:-1]}, ...] ({len(self.indices)} in all)"
+        what = problem if isinstance(problem, str) else f"raised {type(problem).__name__}: {problem}"
+        super().__init__(f"{which}: {stage} {what}")
+
+
+def shape_text(shape: Sequence[int | str]) -> str:
+    """A shape as Python prints a tuple, symbolic dims by name: (3, 224, 224), (sequence,), ()."""
+    dims = [str(d) for d in shape]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def declared_text(spec: TensorSpec, per: str = "sample") -> str:
+    """What the manifest declares, e.g. `float32 [batch, 1] (sample shape (1,))`."""
+    return f"{spec.element_type} [{', '.join(map(str, spec.shape))}] ({per} shape {shape_text(spec.sample_shape())})"
+
+
+def got_text(value: Any) -> str:
+    """What user code returned, e.g. `float64 with shape (3, 7)`, `None`, `a list, not a numpy array`."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"{value.dtype} with shape {shape_text(value.shape)}"
+    return "None" if value is None else f"a {type(value).__name__}, not a numpy array"
+
+
+def check_sample(value: Any, spec: TensorSpec, bound: dict[str, tuple[str, int]]) -> str | None:
+    """None when `value` is one sample of the input `spec`; else what is wrong, for SampleError.
+
+    The contract: a numpy array (or numpy scalar) of exactly the declared element type and of the
+    declared sample shape (the declared shape without its leading `batch`): the same rank, every
+    fixed dim equal, and each symbolic dim the same size in every input of one sample (`bound`
+    collects dim name -> (input name, size) over the inputs of the sample). Nothing is converted:
+    a Python list or scalar would get whatever dtype numpy infers (int64, float64), and a silent
+    cast (float64 to float32, float to int) would hide a preprocess that is not what the manifest
+    says, so both are refused: the preprocess itself says `np.asarray(value, np.float32)`."""
+    declared = spec.sample_shape()
+    mismatch = f"returned input {spec.name!r} as {got_text(value)}; the manifest declares {declared_text(spec)}"
+    if (not isinstance(value, (np.ndarray, np.generic)) or value.dtype != np.dtype(spec.element_type)
+            or value.ndim != len(declared)
+            or any(isinstance(dim, int) and size != dim for dim, size in zip(declared, value.shape))):
+        return mismatch
+    for dim, size in zip(declared, value.shape):
+        if isinstance(dim, str):
+            other, other_size = bound.setdefault(dim, (spec.name, size))
+            if other_size != size:
+                return f"{mismatch}, and {dim} is {other_size} in input {other!r} of the same sample"
+    return None
 
 
 class StagedSamples:
+    """The samples LoadGen chose, preprocessed and checked against the model's declared inputs."""
+
     def __init__(self, items: Sequence[tuple[Any, Any]], inputs: Sequence[TensorSpec],
                  preprocess: Callable[[Any, ProcessingContext], Any] | None,
                  load: Callable[[Any, ProcessingContext], Any] | None, ctx: ProcessingContext):
@@ -31,6 +87,9 @@ class StagedSamples:
         self.preprocess = preprocess
         self.load_raw = load
         self.ctx = ctx
+        # The stage whose result must fit the declared inputs: the preprocess, else what load or
+        # the dataset's samples function gave.
+        self.value_stage = "preprocess" if preprocess is not None else "load" if load is not None else "samples"
         self.arrays: dict[str, np.ndarray] = {}
         self.row_of = np.full(len(items), -1, dtype=np.int64)
         self._lock = threading.Lock()
@@ -39,6 +98,8 @@ class StagedSamples:
         return len(self.items)
 
     def _prepare(self, index: int) -> dict[str, np.ndarray]:
+        """Load and preprocess one sample and check it against the declared inputs (check_sample):
+        a mismatch is the user's to fix, so it stops the run here, outside the timed region."""
         stage = "load"
         try:
             raw = self.items[index][0]
@@ -48,13 +109,27 @@ class StagedSamples:
             value = self.preprocess(raw, self.ctx) if self.preprocess is not None else raw
         except Exception as exc:
             raise SampleError([index], stage, exc) from exc
+        stage = self.value_stage
+        names = [spec.name for spec in self.inputs]
+        declared = ", ".join(map(repr, names))
         if not isinstance(value, dict):
-            value = {self.inputs[0].name: value}
+            if len(names) > 1:
+                raise SampleError([index], stage, f"returned {got_text(value)} for {len(names)} inputs; the manifest "
+                                                  f"declares inputs {declared}: return {{input name: array}}")
+            value = {names[0]: value}
+        missing = [name for name in names if name not in value]
+        extra = [name for name in value if name not in names]
+        if missing or extra:
+            wrong = f"no input {missing[0]!r}" if missing else f"input {extra[0]!r}, which is not declared"
+            raise SampleError([index], stage, f"returned {wrong}; the manifest declares inputs {declared}, "
+                                              f"got {', '.join(map(repr, value)) or 'none'}")
         arrays = {}
+        bound: dict[str, tuple[str, int]] = {}
         for spec in self.inputs:
-            if spec.name not in value:
-                raise SampleError([index], "preprocess", KeyError(f"no array for input {spec.name!r}"))
-            arrays[spec.name] = np.asarray(value[spec.name], dtype=spec.element_type)
+            problem = check_sample(value[spec.name], spec, bound)
+            if problem is not None:
+                raise SampleError([index], stage, problem)
+            arrays[spec.name] = np.asarray(value[spec.name])
         return arrays
 
     def load_samples(self, indices: Sequence[int]) -> None:
@@ -68,8 +143,9 @@ class StagedSamples:
             prepared = first if row == 0 else self._prepare(index)
             for name, array in prepared.items():
                 if array.shape != arrays[name].shape[1:]:
-                    raise SampleError([index], "preprocess", ValueError(
-                        f"input {name!r} has shape {array.shape}, the first staged sample had {arrays[name].shape[1:]}"))
+                    raise SampleError([index], self.value_stage, (
+                        f"returned input {name!r} with shape {shape_text(array.shape)}, but the first staged sample's "
+                        f"is {shape_text(arrays[name].shape[1:])}: the staged samples of an input share one shape"))
                 arrays[name][row] = array
         row_of = np.full(len(self.items), -1, dtype=np.int64)
         row_of[indices] = np.arange(len(indices))

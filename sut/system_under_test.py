@@ -1,6 +1,7 @@
 """The SUT LoadGen drives. SingleStream runs each query inline in LoadGen's issue thread; Offline,
 Server and MultiStream go through a batching queue served by worker threads. Queries complete
-with responses that point into the batch's result buffer (see sut.handoff).
+with responses that point into the batch's result buffer (see sut.handoff). Each batch's result is
+checked against the manifest's declared result (ResultContract) before LoadGen sees it.
 
 A failure in user code or the backend stops the work: it is recorded with the sample indices,
 every outstanding and later query is completed empty so LoadGen ends promptly (no hang), and
@@ -15,10 +16,11 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from harness.manifests import TensorSpec
 from sut.backends.base import Backend
 from sut.handoff import Handoff
 from sut.processing import ProcessingContext, batch_result_function
-from sut.staging import SampleError, StagedSamples
+from sut.staging import SampleError, StagedSamples, declared_text, got_text
 
 INLINE_SCENARIOS = ("SingleStream",)
 
@@ -41,11 +43,40 @@ class BatchObserver(Protocol):
     def batch(self, times: BatchTimes) -> None: ...
 
 
+class ResultContract:
+    """What a batch's result must be, from the manifest (its `result`, else its first output): a numpy
+    array of the declared element type, one row per sample, each row of the declared rank and fixed
+    dims (symbolic dims other than batch may be any size). Checked per batch in the timed path, so
+    the usual check is one dtype and one tuple comparison against what was worked out here."""
+
+    def __init__(self, spec: TensorSpec):
+        self.spec = spec
+        row = spec.sample_shape()
+        self.dtype = np.dtype(spec.element_type)
+        self.ndim = len(row) + 1
+        self.fixed = tuple((axis, dim) for axis, dim in enumerate(row) if isinstance(dim, int))
+        # The row shape last seen to fit: the declared one when it has no symbolic dims.
+        self.fitting_row_shape = row if len(self.fixed) == len(row) else None
+
+    def check(self, result: Any, sample_indices: Sequence[int]) -> None:
+        """Return when `result` fits, else raise SampleError naming the samples, declared and got."""
+        if isinstance(result, np.ndarray) and result.ndim == self.ndim and (
+                result.dtype is self.dtype or result.dtype == self.dtype):
+            row_shape = result.shape[1:]
+            if row_shape == self.fitting_row_shape:
+                return
+            if all(row_shape[axis] == dim for axis, dim in self.fixed):
+                self.fitting_row_shape = row_shape
+                return
+        raise SampleError(sample_indices, "postprocess", f"returned result {self.spec.name!r} as {got_text(result)}; "
+                                                         f"the manifest declares {declared_text(self.spec, 'row')}")
+
+
 class SystemUnderTest:
     def __init__(self, *, backend: Backend, staged: StagedSamples, handoff: Handoff, scenario: str,
                  postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
                  ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
-                 observer: BatchObserver | None = None):
+                 observer: BatchObserver | None = None, result_spec: TensorSpec | None = None):
         self.backend = backend
         self.staged = staged
         self.handoff = handoff
@@ -55,6 +86,8 @@ class SystemUnderTest:
         self.max_batch_size = max(1, max_batch_size if backend.supports_batching else 1)
         self.workers = max(1, workers)
         self.observer = observer
+        # What each batch's result must be (the model's `result`, else its first output); None: unchecked.
+        self.result_contract = ResultContract(result_spec) if result_spec is not None else None
         self.failure: SampleError | BaseException | None = None
         self.inline = scenario in INLINE_SCENARIOS
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -153,7 +186,10 @@ class SystemUnderTest:
             outputs = self.backend.predict(feed)
             predicted = time.perf_counter_ns()
             stage = "postprocess"
-            result = np.ascontiguousarray(self.result_of(outputs, self.ctx, feed))
+            result = self.result_of(outputs, self.ctx, feed)
+            if self.result_contract is not None:
+                self.result_contract.check(result, sample_indices)
+            result = np.ascontiguousarray(result)
             if result.ndim == 0 or result.shape[0] != len(query_ids):
                 raise ValueError(f"expected a result with {len(query_ids)} rows (one per sample), got shape {result.shape}")
             postprocessed = time.perf_counter_ns()
