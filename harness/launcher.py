@@ -435,7 +435,8 @@ def _watch_signals(guard: RunGuard) -> None:
                 return
             signum = data[0]
             name = signal.Signals(signum).name
-            if os.getppid() != _PARENT_PID:
+            # The child has its own session and no terminal: SIGHUP is the parent-death signal.
+            if signum == signal.SIGHUP or os.getppid() != _PARENT_PID:
                 guard.parent_gone = True
                 threading.Thread(target=guard.abort, args=("the launching process ended", 1), daemon=True).start()
             else:
