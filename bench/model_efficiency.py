@@ -5,7 +5,7 @@ built here) on ONNX Runtime, mlharness against a plain `session.run` loop on the
   the same batch size and threads.
 - singlestream_p90_ratio: mlharness SingleStream p90 over the raw loop's p90 (batch 1, same threads).
 - offline_default_vs_best_raw: the same mlharness figure over the best raw loop among batch sizes
-  {1, 2, 4, 8} and intra-op threads {1, 2}.
+  {1, 2, 4, 8} and intra-op threads {1, 2, half and all of the CPUs this process may use}.
 
 Each measurement runs in a fresh subprocess (peak RSS reported per run); every configuration is
 measured in --repeats interleaved rounds and each figure is its best round, since on a shared
@@ -31,8 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "model_efficiency.json"
 RESULT_MARK = "BENCH-RESULT "
 BATCH_SIZES = (1, 2, 4, 8)
-THREADS = (1, 2)
 DEFAULT_THREADS = 0  # what the harness passes by default: ONNX Runtime chooses
+
+
+def thread_counts() -> tuple[int, ...]:
+    """Intra-op threads of the raw grid: 1, 2, half and all of the CPUs this process may use. Not a
+    fixed {1, 2} (a 2-core machine's whole range): on 64 cores the best raw loop uses more."""
+    available = len(os.sched_getaffinity(0))
+    return tuple(sorted({n for n in (1, 2, available // 2, available) if 1 <= n <= available}))
 WARMUP_RUNS = 3
 
 
@@ -100,7 +106,9 @@ def harness_run(model_name: str, scenario: str, overrides: list[str]) -> dict[st
     summary = record.performance
     return {"valid": summary.get("valid"), "samples_per_second": summary.get("samples_per_second"),
             "p90_latency_ns": summary.get("p90_latency_ns"), "p50_latency_ns": summary.get("p50_latency_ns"),
-            "backend": record.backend_info, "harness_settings": record.settings.get("harness")}
+            "backend": record.backend_info, "harness_settings": record.settings.get("harness"),
+            # The run has a process of its own (harness.launcher): its peak RSS is in the record.
+            "run_peak_rss_bytes": (record.cold_start or {}).get("peak_rss_bytes")}
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -114,15 +122,18 @@ def child(spec: dict[str, Any]) -> None:
     else:
         result = harness_run(spec["model"], spec["scenario"], spec["overrides"])
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    result["peak_rss_bytes"] = max(own, result.pop("run_peak_rss_bytes", None) or 0)
     print(RESULT_MARK + json.dumps(result), flush=True)
 
 
 # ------------------------------------------------------------------------------ parent
 
 def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    # mlharness runs stay in their temporary results folder, not in a $MLHARNESS_DB database.
+    env = {key: value for key, value in os.environ.items() if key != "MLHARNESS_DB"}
     process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                             text=True, timeout=1800, cwd=ROOT)
+                             text=True, timeout=1800, cwd=ROOT, env=env)
     lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
     if process.returncode != 0 or not lines:
         raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
@@ -148,7 +159,7 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
         return {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
                 "latencies": latencies}
 
-    specs = {f"b{b}_t{t}": raw_spec(b, t) for b in BATCH_SIZES for t in THREADS}
+    specs = {f"b{b}_t{t}": raw_spec(b, t) for b in BATCH_SIZES for t in thread_counts()}
     specs["raw_same_config"] = raw_spec(default_batch, DEFAULT_THREADS)
     specs["raw_singlestream"] = raw_spec(1, DEFAULT_THREADS, latencies=True)
     specs["mlharness_singlestream"] = {"kind": "harness", "model": model, "scenario": "SingleStream",
@@ -156,6 +167,13 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
     best: dict[str, dict[str, Any]] = {}
     for round_number in range(repeats):
         for key, spec in specs.items():
+            if key == "mlharness_singlestream":
+                # LoadGen plans a SingleStream test's queries from the expected latency (twice
+                # min_duration's worth) and ends it early, an error that fails the run, when the model
+                # answers faster than half of it, as a fast CPU does with the manifest's figure. The
+                # raw loop's median (measured just before) is what mlharness cannot beat.
+                expected_ms = best["raw_singlestream"]["p50_latency_ns"] / 1e6
+                spec = {**spec, "overrides": [f"target_latency={expected_ms:.6f}", *spec["overrides"]]}
             keep(best, key, measure({**spec, "round": round_number}, runs))
         # LoadGen's Offline query is sized from target_qps: the raw rate makes it last about `seconds`.
         rate = best["raw_same_config"]["samples_per_second"]
@@ -203,7 +221,9 @@ def _default_batch(model: str) -> int:
 
 def available(model: str) -> str | None:
     """None when the model's ONNX graph can be built here, else why not (mobilenet-v2 needs its
-    recorded torch-to-ONNX conversion, which needs torch and the weights package)."""
+    recorded torch-to-ONNX conversion, which needs torch and the weights package). The graph is
+    whatever this CPU's export gives, verified by the conversion's output check: its bytes differ
+    between CPUs and are never pinned, so this probe and the raw loop read the graph from the cache."""
     spec = json.dumps({"kind": "probe", "model": model})
     process = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
                              timeout=1800, cwd=ROOT)
@@ -222,9 +242,13 @@ def main() -> None:
         child(json.loads(args.child))
         return
 
+    sys.path.insert(0, str(ROOT))
+    from harness.system import cpu_model
+
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
-    print(f"load average before: {load_before[0]:.2f} (cpus: {os.cpu_count()})")
+    print(f"load average before: {load_before[0]:.2f} (cpus: {os.cpu_count()}, {cpu_model()}; "
+          f"raw loop threads {list(thread_counts())})")
     models: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for model in args.models:
@@ -250,9 +274,11 @@ def main() -> None:
         "peak_rss_bytes": {f"{r['model']}/{r['kind']}/" + (f"b{r['batch']}_t{r['threads']}" if r["kind"] == "raw"
                                                           else r["scenario"]) + f"/round{r['round']}": r["peak_rss_bytes"]
                            for r in runs},
-        "machine": {"cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "machine": {"cpus": os.cpu_count(), "cpus_available": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "python": platform.python_version(), "platform": platform.platform()},
         "settings": {"seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
+                     "raw_threads": list(thread_counts()), "raw_batch_sizes": list(BATCH_SIZES),
                      "figures": "best of the repeats per configuration"},
         "runs": runs,
     }
