@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -15,6 +16,19 @@ from harness.submission import accuracy_txt, checker, compliance
 from harness.submission.rules import (ACCURACY_FILES, BENCHMARKS, MAX_ACCURACY_LOG_SIZE, MEASUREMENTS_FIELDS,
                                       PERFORMANCE_FILES, SCENARIO_FILES, SYSTEM_FIELDS, VIEWABLE_SIZE)
 from tests.support import REPO, run_cli
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
+    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
+    Module scope, so it is in place before any module-scoped fixture runs something."""
+    with pytest.MonkeyPatch.context() as patch:
+        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
+            patch.delenv(var, raising=False)
+        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
+        yield
+
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")
