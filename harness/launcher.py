@@ -331,7 +331,7 @@ class RunGuard:
     parent's death calls `abort`, which fails the SUT (so LoadGen's outstanding and later queries
     complete empty) and, if the run has not ended within ABORT_WAIT_SECONDS, writes the failed run
     itself and exits the process. The runner reports its progress here (`started`, `attach_sut`,
-    `loading`), and finalizes through `finalizing()` so that only one of the two paths does."""
+    `watch`), and finalizes through `finalizing()` so that only one of the two paths does."""
 
     def __init__(self, workdir: Path | None):
         self.workdir = workdir
@@ -362,13 +362,13 @@ class RunGuard:
         if self.aborted is not None:
             sut.fail_staging(self.aborted)
 
-    def loading(self, timeout: float | None, count: int) -> Callable[[], None]:
-        """LoadQuerySamples began (user code: load and preprocess); returns the call marking its end."""
+    def watch(self, timeout: float | None, what: str) -> Callable[[], None]:
+        """User code began (`what`, e.g. LoadQuerySamples); abort the run unless the returned call
+        marks its end within `timeout` seconds."""
         if not timeout:
             return lambda: None
         timer = threading.Timer(timeout, self.abort, args=(
-            f"LoadQuerySamples did not finish within {timeout:g} s (load/preprocess of {count} samples; "
-            f"raise the harness key load_timeout if that is expected)", 1))
+            f"{what} did not finish within {timeout:g} s (raise the harness key load_timeout if that is expected)", 1))
         timer.daemon = True
         timer.start()
         return timer.cancel

@@ -152,8 +152,11 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
 
         # SingleStream sends one sample per query, so it warms up at batch 1.
         warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
+        warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
+                             "the first inference and warm-up (user code and the backend, before LoadGen)")
         record.cold_start.update(first_inference_and_warm_up(
             runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
+        warmed()
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
         modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]
@@ -331,13 +334,14 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
                           scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                           max_batch_size=options["max_batch_size"], workers=options["workers"],
-                          observer=profile)
+                          observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0])
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)
 
     def load_samples(indices: list[int]) -> None:
-        loaded = guard.loading(load_timeout, len(indices)) if guard is not None else (lambda: None)
+        loaded = guard.watch(load_timeout, f"LoadQuerySamples (load and preprocess of {len(indices)} samples)") \
+            if guard is not None else (lambda: None)
         try:
             runtime.staged.load_samples(indices)
         except BaseException as exc:  # must not propagate into LoadGen's C++ thread

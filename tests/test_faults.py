@@ -188,17 +188,23 @@ def test_user_code_that_ends_the_process_is_a_failed_run(earlier: tuple[Path, di
     assert_intact(results, before)
 
 
-def test_user_code_that_hangs_in_load_query_samples_times_out(earlier: tuple[Path, dict[str, str]],
-                                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize("hang_on, extra, stage", [
+    ("True", (), "the first inference and warm-up"),  # user code runs before LoadGen too
+    ("sample != 0", ("--set", "warmup_queries=0"), "LoadQuerySamples"),  # sample 0 alone warms up
+])
+def test_user_code_that_hangs_times_out(earlier: tuple[Path, dict[str, str]], tmp_path: Path,
+                                        hang_on: str, extra: tuple[str, ...], stage: str) -> None:
     results, before = earlier
-    manifest = null_manifest(tmp_path / "models", preprocess="import time\n\ndef preprocess(sample, ctx):\n"
-                                                             "    while True:\n        time.sleep(1)\n")
+    manifest = null_manifest(tmp_path / "models", preprocess="import time\nimport numpy as np\n\n"
+                             "def preprocess(sample, ctx):\n"
+                             f"    while {hang_on}:\n        time.sleep(1)\n"
+                             "    return np.array([sample], dtype=np.float32)\n")
     began = time.monotonic()
     code, out, err = finish(start(results, str(manifest), "--scenario", "Offline", "--quick",
-                                  "--set", "load_timeout=2"))
+                                  "--set", "load_timeout=2", *extra))
     assert code == 1 and time.monotonic() - began < 30
     line = error_line(err)
-    assert "LoadQuerySamples did not finish within 2 s" in line and "load_timeout" in line
+    assert f"{stage}" in line and "did not finish within 2 s" in line and "load_timeout" in line, line
     assert failed_record(results)["status"] == "failed"
     assert_intact(results, before)
 

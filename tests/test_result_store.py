@@ -77,7 +77,11 @@ def test_every_run_is_stored_with_its_record(two_runs: tuple[Path, list[dict]]) 
         stored = store.get_run(perf["run_id"][:-1])  # a unique prefix is enough
         assert stored == perf  # the full run.json: manifests, settings, system, software versions
         assert stored["software"]["versions"]["mlcommons-loadgen"]
-        assert store.run_metrics(acc["run_id"]) == {"accuracy.top1": 0.5, "accuracy.top5": 1.0}
+        metrics = store.run_metrics(acc["run_id"])
+        assert {k: v for k, v in metrics.items() if k.startswith("accuracy.")} == {"accuracy.top1": 0.5, "accuracy.top5": 1.0}
+        # Cold start and memory are figures too (gates can use them).
+        assert metrics["coldstart.peak_rss_bytes"] > 0 and metrics["coldstart.load_seconds"] >= 0
+        assert set(metrics) - {"accuracy.top1", "accuracy.top5"} == {k for k in metrics if k.startswith("coldstart.")}
 
 
 def test_cli_list_show_compare(two_runs: tuple[Path, list[dict]], capsys: pytest.CaptureFixture[str]) -> None:
