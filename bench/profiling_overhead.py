@@ -7,12 +7,18 @@ Profiling off: the run path adds one nullcontext() and one `if not request.profi
 and nothing per batch (the SUT's observer is None). That cost is timed directly and set against
 the off runs' wall time; the off runs' spread is the noise floor any level's figure must clear.
 
-Usage: .venv/bin/python bench/profiling_overhead.py [--repeats 3] [--min-duration-ms 3000]"""
+The Offline query is sized from target_qps: measured on this machine by calibration runs with profiling
+off (the model manifest's figure fits a 2-core machine; a faster one would end each test early,
+INVALID and too short to measure an overhead), or given with --target-qps.
+
+Usage: .venv/bin/python bench/profiling_overhead.py [--repeats 3] [--min-duration-ms 3000] [--target-qps Q]"""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -24,14 +30,16 @@ sys.path.insert(0, str(REPO))
 
 from harness.atomic_io import write_json  # noqa: E402
 from harness.runner import RunRequest, _profile_session, run  # noqa: E402
+from harness.system import cpu_model  # noqa: E402
 from profiling import LEVELS  # noqa: E402
 
 CONFIGS = {"off": [], **{level: [level] for level in LEVELS}, "full": list(LEVELS)}
 
 
-def one_run(levels: list[str], min_duration_ms: int, results: Path) -> dict:
+def one_run(levels: list[str], min_duration_ms: int, results: Path, target_qps: float | None = None) -> dict:
+    overrides = [f"min_duration={min_duration_ms}"] + ([f"target_qps={target_qps:.3f}"] if target_qps else [])
     request = RunRequest(model="resnet50-light", scenario="Offline", quick=True, results_dir=results,
-                         overrides=[f"min_duration={min_duration_ms}"], profile=list(levels))
+                         overrides=overrides, profile=list(levels))
     record = run(request)
     return {"samples_per_s": float(record.performance["metric"]["value"]),
             "wall_s": record.performance["wall_seconds"], "valid": record.performance.get("result")}
@@ -54,12 +62,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-duration-ms", type=int, default=3000)
+    parser.add_argument("--target-qps", type=float, help="Offline target_qps (default: measured by a first run)")
     args = parser.parse_args()
+    os.environ.pop("MLHARNESS_DB", None)  # the runs stay in the temporary results folder
     runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-profiling-") as tmp:
+        target_qps = args.target_qps
+        if not target_qps:
+            # Twice: the first query (the manifest's figure) may hold only a few batches, which
+            # underestimates the rate; the second is sized from the first and lasts about a second.
+            for step in range(2):
+                target_qps = one_run([], 1000, Path(tmp) / f"calibration-{step}", target_qps)["samples_per_s"]
+            print(f"calibration: {target_qps:.3f} samples/s (target_qps of the measured runs)", flush=True)
         for repeat in range(args.repeats):
             for name, levels in CONFIGS.items():
-                figures = one_run(levels, args.min_duration_ms, Path(tmp) / f"{name}-{repeat}")
+                figures = one_run(levels, args.min_duration_ms, Path(tmp) / f"{name}-{repeat}", target_qps)
                 runs[name].append(figures)
                 print(f"repeat {repeat} {name:<10} {figures['samples_per_s']:8.3f} samples/s", flush=True)
     off = statistics.median(r["samples_per_s"] for r in runs["off"])
@@ -75,7 +92,9 @@ def main() -> int:
     static = off_path_seconds()
     result = {
         "benchmark": "profiling_overhead", "model": "resnet50-light", "scenario": "Offline",
-        "min_duration_ms": args.min_duration_ms, "repeats": args.repeats,
+        "min_duration_ms": args.min_duration_ms, "repeats": args.repeats, "target_qps": target_qps,
+        "machine": {"cpus": os.cpu_count(), "cpus_available": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
+                    "python": platform.python_version(), "platform": platform.platform()},
         "command": "python bench/profiling_overhead.py " + " ".join(sys.argv[1:]),
         "configs": table,
         "off_noise_pct": round(noise_pct, 2) if noise_pct is not None else None,
