@@ -157,6 +157,8 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         record.cold_start.update(first_inference_and_warm_up(
             runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
         warmed()
+        _expect_measured_latency(settings, record.cold_start, request.scenario)
+        record.settings = settings.as_record()
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
         modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]
@@ -181,6 +183,29 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     where.publish()
     results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
     return record
+
+
+def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], scenario: str) -> None:
+    """SingleStream and MultiStream: LoadGen pre-generates queries for min_duration at the expected
+    latency (twice over) and ends the test with an error when a faster SUT runs out of them. The
+    model manifest's figure was measured on some machine; when this machine's warm-up answered in
+    under half of it, expect half the warm-up's latency instead (layer `measured`, in run.json). A
+    latency the user set (preset, user.conf, --set) is kept as given."""
+    if scenario not in ("SingleStream", "MultiStream") or settings.origin.get("target_latency") not in (None, "model"):
+        return
+    warmup = cold_start.get("warmup") or {}
+    if not warmup.get("queries") or not warmup.get("samples"):
+        return
+    per_sample_ms = 1000.0 * warmup["seconds"] / warmup["samples"]
+    per_query_ms = per_sample_ms * (int(settings.loadgen.get("samples_per_query", 8)) if scenario == "MultiStream" else 1)
+    hint = settings.loadgen.get("target_latency")
+    if hint is not None and per_query_ms >= float(hint) / 2:
+        return
+    expected = max(per_query_ms / 2, 0.001)
+    settings.set("target_latency", f"{expected:.6g}", "measured",
+                 f"the warm-up ({warmup['queries']} queries, {per_query_ms:.4g} ms a query)")
+    if "measured" not in settings.layers:
+        settings.layers.append("measured")
 
 
 def _check_device(backend_name: str, hardware: Any) -> None:
