@@ -23,6 +23,7 @@ def test_plain_relative_and_file_uri(tmp_path: Path) -> None:
 
 
 def test_package_uri_finds_a_file_inside_an_installed_package(tmp_path: Path) -> None:
+    # A file shipped in the pinned onnx wheel: the same bytes on every machine (unlike a converted one).
     art = Artifact("package://onnx/backend/test/data/light/light_resnet50.onnx",
                    "05e77a5c9c9ce0913f549a50d6ebaced5e0ff6817b61e09bae26e4c5bd9055e4")
     assert resolve(art, "where", tmp_path).name == "light_resnet50.onnx"
