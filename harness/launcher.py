@@ -173,15 +173,19 @@ def clean_stale_staging(results_dir: Path, store: Callable[[RunRecord], None]) -
     return cleaned
 
 
-def store_record(record: RunRecord) -> None:
-    """Add a finished run (ok or failed) to the results database of its results directory. A
-    database that cannot take it is one line; the run's files are already in place and stay."""
+def store_record(record: RunRecord, db_path: Path | None = None) -> None:
+    """Add a finished run (ok or failed) to the results database (`db_path`, else its results
+    directory's). A database that cannot take it is one line; the run's files stay in place."""
     import sqlite3
 
     from harness import result_store
 
     try:
-        result_store.record_run(Path(record_results_dir(record)), record)
+        if db_path is not None:
+            with result_store.ResultStore(db_path) as store:
+                store.add_run(record.to_dict())
+        else:
+            result_store.record_run(Path(record_results_dir(record)), record)
     except (UserError, sqlite3.Error) as exc:
         raise UserError(f"the run's results are in {record.results_path}, but storing its record failed: "
                         f"{exc}") from None
@@ -198,9 +202,12 @@ def record_results_dir(record: RunRecord) -> Path:
 class LocalLauncher:
     """Runs each request in a fresh local process (see the module docstring)."""
 
-    def __init__(self, grace: float = GRACE_SECONDS, store: bool = True):
+    def __init__(self, grace: float = GRACE_SECONDS, store: bool = True, db_path: Path | None = None,
+                 output: Path | None = None):
         self.grace = grace
         self.store = store
+        self.db_path = db_path  # None: the results directory's database ($MLHARNESS_DB when set)
+        self.output = output  # None: the child writes to this process's stdout and stderr
 
     def submit(self, request: RunRequest) -> Outcome:
         results_dir = Path(request.results_dir)
@@ -218,7 +225,7 @@ class LocalLauncher:
 
     def _store(self, record: RunRecord) -> None:
         if self.store:
-            store_record(record)
+            store_record(record, self.db_path)
 
     def _run_child(self, request: RunRequest, workdir: Path) -> Outcome:
         write_text(workdir / "request.json", request.to_json())
@@ -227,7 +234,13 @@ class LocalLauncher:
         # The child must import this very harness, wherever the parent found it (a checkout or a wheel).
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        child = subprocess.Popen(command, start_new_session=True, env=env)
+        sink = open(self.output, "ab") if self.output is not None else None
+        try:
+            child = subprocess.Popen(command, start_new_session=True, env=env, stdout=sink,
+                                     stderr=subprocess.STDOUT if sink else None)
+        finally:
+            if sink is not None:
+                sink.close()
         stop: list[int] = []  # the signal that asked us to stop, if any
         restore = _catch_stop_signals(stop)
         deadline = time.monotonic() + request.timeout + self.grace + 5.0
@@ -267,7 +280,7 @@ class LocalLauncher:
             why = f"interrupted by {signal.Signals(stopped_by).name}"
             status = 128 + stopped_by
         elif returncode == -signal.SIGKILL and _timed_out(workdir, request):
-            why = f"timed out after {request.timeout:g} s (--timeout)"
+            why = f"timed out after {request.timeout:g} s"
             status = 1
         else:
             why = f"the run's process {describe_exit(returncode)} before finishing the run"
@@ -464,7 +477,7 @@ def _die_with_parent() -> None:
 
 
 def _run_deadline(guard: RunGuard, timeout: float) -> None:
-    timer = threading.Timer(timeout, guard.abort, args=(f"timed out after {timeout:g} s (--timeout)", 1))
+    timer = threading.Timer(timeout, guard.abort, args=(f"timed out after {timeout:g} s", 1))
     timer.daemon = True
     timer.start()
 

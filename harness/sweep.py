@@ -4,10 +4,7 @@ skipped when the same sweep id is run again, so an interrupted sweep resumes whe
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,7 +14,7 @@ from typing import Any, TextIO
 
 from harness import record_metrics
 from harness.errors import UserError
-from harness.result_store import DB_ENV, ResultStore
+from harness.result_store import ResultStore
 from harness.run_record import utc_now
 from harness.sweep_grid import Cell, Grid, load_grid
 from harness.tables import format_table
@@ -114,45 +111,27 @@ def _clock(seconds: float) -> str:
 
 
 def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Run one cell in a fresh interpreter; returns {status, run_id, error, stderr}."""
+    """Run one cell through the launcher (a fresh process with the sweep's timeout; the record goes
+    to the sweep's database from here); returns {status, run_id, error, stderr}."""
+    from harness.launcher import LocalLauncher
+    from harness.request import RunRequest
+
+    request = RunRequest(model=cell.model, scenario=cell.scenario, mode=cell.mode, backend=cell.backend,
+                         quick=cell.quick, presets=cell.presets, results_dir=results_dir.resolve(),
+                         overrides=cell.overrides, profile=cell.profile, timeout=timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:
-        cell_file, out_file = Path(tmp) / "cell.json", Path(tmp) / "out.json"
-        cell_file.write_text(json.dumps(cell.params()))
-        env = dict(os.environ, **{DB_ENV: str(db_path.resolve())})
-        with open(Path(tmp) / "stdout", "wb") as out, open(Path(tmp) / "stderr", "wb") as err:
-            # Its own session, so a timeout stops LoadGen's and the backend's threads with it.
-            proc = subprocess.Popen([sys.executable, "-m", "harness.sweep_worker", str(cell_file), str(out_file),
-                                     str(results_dir.resolve())], stdout=out, stderr=err, env=env,
-                                    start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                code, timed_out = proc.returncode, True
-            except BaseException:
-                _stop(proc)
-                raise
-        stderr = (Path(tmp) / "stderr").read_text(errors="replace")[-STDERR_KEPT_CHARS:]
-        if timed_out:
-            return {"status": "failed", "run_id": None, "error": f"timed out after {timeout_s:g} s", "stderr": stderr}
-        if out_file.is_file():
-            return {**json.loads(out_file.read_text()), "stderr": stderr}
-        return {"status": "failed", "run_id": None, "error": f"worker exited with code {code} and no result",
-                "stderr": stderr}
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        output = Path(tmp) / "output"
+        outcome = LocalLauncher(db_path=db_path.resolve(), output=output).submit(request)
+        stderr = output.read_text(errors="replace")[-STDERR_KEPT_CHARS:] if output.is_file() else ""
+    record = outcome.record
+    if outcome.kind == "result" and record is not None:
+        return {"status": record.status, "run_id": record.run_id, "error": record.error, "stderr": stderr}
+    error = outcome.error or "failed"
+    if outcome.traceback_path:
+        error += f" (traceback in {outcome.traceback_path})"
+    stderr = (stderr + f"mlharness: error: {error}\n")[-STDERR_KEPT_CHARS:]  # what `mlharness run` would print
+    return {"status": "failed", "run_id": record.run_id if record else None, "error": error, "stderr": stderr,
+            "exit_status": outcome.exit_status}
 
 
 def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None) -> SweepResult:
@@ -195,6 +174,11 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
                                     seconds))
         status = result["status"] if result["status"] == "ok" else f"FAILED: {result.get('error')}"
         progress.finished(label, status, seconds)
+        if result.get("exit_status", 0) > 128:  # Ctrl-C or SIGTERM: the cell is recorded, the sweep stops
+            from harness.launcher import RunInterrupted
+
+            raise RunInterrupted(f"sweep {sweep_id} interrupted; {len(outcomes)} cell run(s) recorded, "
+                                 f"resume with the same command", result["exit_status"])
     return SweepResult(sweep_id, len(plan), len(plan) - len(todo), outcomes)
 
 

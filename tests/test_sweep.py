@@ -129,7 +129,10 @@ def test_a_cell_that_overruns_is_stopped_and_recorded(tmp_path: Path, capsys: py
     assert "timed out after 3 s" in capsys.readouterr().err
     with ResultStore(tmp_path / "r" / "mlharness.sqlite") as store:
         (cell,) = store.sweep_cells("slow")
-        assert cell["status"] == "failed" and cell["error"] == "timed out after 3 s" and cell["seconds"] < 30
+        assert cell["status"] == "failed" and "timed out after 3 s" in cell["error"] and cell["seconds"] < 30
+        # The stopped run keeps its logs as a failed run, recorded in the sweep's database.
+        (run,) = store.list_runs()
+        assert run["run_id"] == cell["run_id"] and run["status"] == "failed" and "failed-" in run["results_path"]
 
 
 def test_repeat_runs_each_cell_n_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
