@@ -170,8 +170,8 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
             if key == "mlharness_singlestream":
                 # LoadGen plans a SingleStream test's queries from the expected latency (twice
                 # min_duration's worth) and ends it early, an error that fails the run, when the model
-                # answers faster than half of it, as a fast CPU does with the manifest's figure. The
-                # raw loop's median (measured just before) is what mlharness cannot beat.
+                # answers faster than half of it, as a fast CPU can with the manifest's figure. The
+                # raw loop's median on this machine (measured just before) is what mlharness cannot beat.
                 expected_ms = best["raw_singlestream"]["p50_latency_ns"] / 1e6
                 spec = {**spec, "overrides": [f"target_latency={expected_ms:.6f}", *spec["overrides"]]}
             keep(best, key, measure({**spec, "round": round_number}, runs))

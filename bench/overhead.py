@@ -181,10 +181,12 @@ def offline(variant: str, duration_ms: int, runs: list[dict[str, Any]]) -> float
 
 def singlestream(variant: str, duration_ms: int, runs: list[dict[str, Any]]) -> int:
     # LoadGen plans a SingleStream test's queries from the expected latency (twice min_duration's
-    # worth) and ends it early when the SUT answers faster than half of that: INVALID, and an error
-    # that fails a harness run. The null model declares 10 us, which LoadGen's own limit here beats
-    # (~5 us a query) and a faster CPU beats in every variant. So a short calibration run expecting
-    # 1 us measures the time a query takes, LoadGen included, and the measured run expects that.
+    # worth, ~235 bytes each) and ends it early when the SUT answers faster than half of that:
+    # INVALID, and for a harness run an error. The bare variants get no help from the harness, and
+    # how fast any variant answers depends on the CPU (LoadGen's own limit: ~5 us a query on the
+    # 2-core Xeon this was checked on). So a short calibration run expecting 1 us measures the time
+    # a query takes, LoadGen included, and the measured run expects that: enough queries on any CPU,
+    # and no more than twice what the run uses.
     calibration = measure(variant, "SingleStream", ["target_latency=0.001", "min_duration=100", "min_query_count=1"],
                           runs)
     calibration["calibration"] = True
