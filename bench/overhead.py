@@ -181,7 +181,7 @@ def offline(variant: str, duration_ms: int, runs: list[dict[str, Any]]) -> float
 
 def singlestream(variant: str, duration_ms: int, runs: list[dict[str, Any]]) -> int:
     # LoadGen plans a SingleStream test's queries from the expected latency (twice min_duration's
-    # worth, ~235 bytes each) and ends it early when the SUT answers faster than half of that:
+    # worth, ~300 bytes each) and ends it early when the SUT answers faster than half of that:
     # INVALID, and for a harness run an error. The bare variants get no help from the harness, and
     # how fast any variant answers depends on the CPU (LoadGen's own limit: ~5 us a query on the
     # 2-core Xeon this was checked on). So a short calibration run expecting 1 us measures the time
