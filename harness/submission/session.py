@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
+import shlex
 import sys
 import threading
 import time
@@ -17,7 +17,6 @@ from typing import Any
 
 from harness.atomic_io import write_json
 from harness.errors import UserError
-from harness.run_record import read_record_file
 from harness.settings import SCENARIOS
 from harness.submission.compliance import parse_tests, record_outcomes, run_audit
 from harness.submission.runs import STEPS_FILE
@@ -52,12 +51,6 @@ def _fingerprint(options: SessionOptions) -> str:
            "hardware": options.hardware, "user_conf": conf, "overrides": options.overrides,
            "presets": options.presets, "quick": options.quick}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _run_args(options: SessionOptions, scenario: str, mode: str) -> list[str]:
-    from harness.runner import run_arguments
-
-    return run_arguments(replace(_request(options, scenario, ""), mode=mode), with_results_dir=True)
 
 
 def _request(options: SessionOptions, scenario: str, command: str) -> Any:
@@ -193,7 +186,9 @@ def run_session(options: SessionOptions) -> int:
         except UserError as exc:
             state["steps"][key] = {"status": "failed", "error": str(exc)}
             write_json(state_path, state)
-            raise UserError(f"{label} failed: {exc} (run the same command again to resume)") from None
+            failure = UserError(f"{label} failed: {exc} (run the same command again to resume)")
+            failure.exit_status = getattr(exc, "exit_status", 1)  # 130 after Ctrl-C, as for `run`
+            raise failure from None
         state["steps"][key] = {"status": "done", "seconds": round(time.monotonic() - started, 1), **outcome}
         write_json(state_path, state)
         if outcome.get("verdict") == "FAIL":
@@ -212,18 +207,17 @@ def run_session(options: SessionOptions) -> int:
 
 def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: Path) -> dict[str, Any]:
     if step in ("performance", "accuracy"):
-        run_json = scenario_dir / "run.json"
-        before = read_record_file(run_json)["run_id"] if run_json.is_file() else None
-        args = _run_args(options, scenario, step)
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True)
-        record = read_record_file(run_json) if run_json.is_file() else {}
-        # A published run.json with a new id is the step's record; exit 1 alone may be a reference check.
-        if record.get("run_id") in (None, before) or record.get("status") != "ok" or record.get("mode") != step:
-            tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-            raise UserError(tail[0])
-        _save_record(scenario_dir, step, record)
-        summary = [line.strip() for line in proc.stdout.splitlines()[1:] if "results :" not in line]
-        return {"run_id": record["run_id"], "summary": summary}
+        from harness.commands.run import format_summary
+        from harness.launcher import run_request
+        from harness.runner import run_arguments
+
+        request = replace(_request(options, scenario, ""), mode=step)
+        request = replace(request, command=shlex.join(["mlharness", *run_arguments(request, with_results_dir=True)]))
+        record = run_request(request)  # a fresh process; a failed run raises with its one line
+        data = record.to_dict()
+        _save_record(scenario_dir, step, data)
+        summary = [line.strip() for line in format_summary(record).splitlines()[1:] if "results :" not in line]
+        return {"run_id": record.run_id, "summary": summary}
     perf = json.loads((scenario_dir / STEPS_FILE).read_text())["records"]["performance"]
     outcome = run_audit(_request(options, scenario, perf.get("command", "")), step, scenario_dir)
     _save_record(scenario_dir, "performance", record_outcomes(scenario_dir, {step: outcome}, perf))
