@@ -192,9 +192,10 @@ def store_record(record: RunRecord, db_path: Path | None = None) -> None:
 
 
 def record_results_dir(record: RunRecord) -> Path:
-    """The results directory a record's folder lives in: <results>/<system>/<model>/<Scenario>/<run>."""
+    """The results directory a record's folder lives in: <results>/<system>/<model>/<Scenario>/
+    runs/<run id>, failed-<run id> or .staging-<run id>."""
     path = Path(record.results_path)
-    return path.parents[3] if path.name.startswith(("failed-", STAGING_PREFIX)) else path.parents[2]
+    return path.parents[4] if path.parent.name == "runs" else path.parents[3]
 
 
 # -- the parent ---------------------------------------------------------------------------------------

@@ -325,11 +325,14 @@ def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
 
 def load_run_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The records of run.json files (or of every run.json below a folder), each read and checked."""
-    records = []
+    records: dict[str, dict[str, Any]] = {}
     for path in paths:
         files = sorted(Path(path).rglob("run.json")) if Path(path).is_dir() else [Path(path)]
-        records += [load_record_file(file) for file in files]
-    return records
+        for file in files:
+            record = load_record_file(file)
+            # A scenario's view holds a link to its chosen run's own run.json: one run, stored once.
+            records.setdefault(record["run_id"], record)
+    return list(records.values())
 
 
 def store_record_file(store: ResultStore, path: Path) -> str:

@@ -1,9 +1,13 @@
-"""The results tree, shaped like a submission's results/<system>/<benchmark>/<Scenario>/ folder.
-A run is staged in a hidden folder and moved into place file by file when it succeeds; a failed
-run's logs are kept beside it in failed-<run id>/, so earlier results are never overwritten by
-half a run."""
+"""The results tree. Each run's files are its own: a run is staged in a hidden folder and, when it
+succeeds, renamed whole into `<system>/<model>/<Scenario>/runs/<run id>/` (a failed run becomes
+`failed-<run id>/`); no later run touches either. The MLPerf-shaped view of the scenario folder
+(`performance/`, `accuracy/`, `TEST0x/`, `run.json`, `user.conf`, ... directly under
+`<Scenario>/`) is rebuilt from chosen runs — the latest ok performance run and the latest ok
+accuracy run — by hard links, under a lock, each entry swapped in by a rename; it is never a mix
+of two runs' files within an entry, and a later run without profiling leaves no stale profile."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -13,6 +17,11 @@ from typing import Any
 from harness.atomic_io import move_file, write_json, write_text
 
 RESULTS_SCHEMA_VERSION = 1
+RUNS_FOLDER = "runs"
+PERF_MODES = ("performance", "submission", "find-peak")
+ACCURACY_MODES = ("accuracy", "submission")
+# What lives in a scenario folder besides the view: the runs, failed runs, the session's steps file.
+_NOT_VIEW = (RUNS_FOLDER, "submission_steps.json")
 LOADGEN_LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "mlperf_log_trace.json")
 
 
@@ -30,18 +39,17 @@ class ScenarioDir:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def publish(self) -> Path:
-        """Move every staged file to its place under root (each a rename), then drop the staging dir.
-        Runs publishing into one folder at once take turns (a lock file), so the files of one run are
-        never interleaved with another's."""
-        import fcntl
+    @property
+    def run_dir(self) -> Path:
+        """Where this run's own files live once it succeeded."""
+        return self.root / RUNS_FOLDER / self.run_id
 
-        with open(self.root / ".publish.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            for src in sorted(p for p in self.staging.rglob("*") if p.is_file()):
-                move_file(src, self.root / src.relative_to(self.staging))
-        shutil.rmtree(self.staging, ignore_errors=True)
-        return self.root
+    def publish(self) -> Path:
+        """Rename the staged run whole into runs/<run id>/, then rebuild the scenario's view."""
+        self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.staging, self.run_dir)
+        rebuild_view(self.root)
+        return self.run_dir
 
     def keep_failed(self) -> Path:
         target = self.root / f"failed-{self.run_id}"
@@ -50,6 +58,77 @@ class ScenarioDir:
         else:
             target.mkdir(parents=True, exist_ok=True)
         return target
+
+
+def _ok_runs(scenario_root: Path) -> list[tuple[dict[str, Any], Path]]:
+    found = []
+    for run_json in (scenario_root / RUNS_FOLDER).glob("*/run.json"):
+        try:
+            record = json.loads(run_json.read_text())
+        except (OSError, ValueError):
+            continue  # a damaged record cannot be chosen; its folder stays as it is
+        if isinstance(record, dict) and record.get("status") == "ok":
+            found.append((record, run_json.parent))
+    return sorted(found, key=lambda item: (item[0].get("started_at") or "", item[0].get("run_id") or ""))
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """dst mirrors src by hard links (no copy; files are replaced, never edited, so sharing is safe)."""
+    if src.is_dir():
+        dst.mkdir(parents=True, exist_ok=True)
+        for child in src.iterdir():
+            _link_tree(child, dst / child.name)
+    else:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+
+def _swap_in(src: Path, dst: Path, trash: Path) -> None:
+    if dst.is_dir() and not dst.is_symlink():
+        os.replace(dst, trash / dst.name)
+    os.replace(src, dst)  # a file over a file is one atomic rename
+
+
+def _is_view_entry(name: str) -> bool:
+    return not (name.startswith((".", "failed-")) or name in _NOT_VIEW)
+
+
+def rebuild_view(scenario_root: Path) -> None:
+    """Rebuild the MLPerf-shaped view of a scenario folder from its runs: everything of the latest ok
+    performance run (its logs, audits, profile, record) and the accuracy/ of the latest ok accuracy
+    run. Builders take turns (a lock file); each entry is swapped in by a rename."""
+    import fcntl
+
+    scenario_root.mkdir(parents=True, exist_ok=True)
+    with open(scenario_root / ".publish.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = _ok_runs(scenario_root)
+        perf = next((d for r, d in reversed(runs) if r.get("mode") in PERF_MODES), None)
+        accuracy = next((d for r, d in reversed(runs) if r.get("mode") in ACCURACY_MODES), None)
+        main = perf or accuracy
+        if main is None:
+            return
+        build = scenario_root / f".view-{os.getpid()}"
+        trash = scenario_root / f".view-old-{os.getpid()}"
+        for folder in (build, trash):
+            shutil.rmtree(folder, ignore_errors=True)
+        build.mkdir()
+        trash.mkdir()
+        for entry in main.iterdir():
+            if entry.name != "accuracy":
+                _link_tree(entry, build / entry.name)
+        if accuracy is not None and (accuracy / "accuracy").is_dir():
+            _link_tree(accuracy / "accuracy", build / "accuracy")
+        new = {p.name for p in build.iterdir()}
+        for name in sorted(new):
+            _swap_in(build / name, scenario_root / name, trash)
+        for old in scenario_root.iterdir():
+            if _is_view_entry(old.name) and old.name not in new:
+                _swap_in(old, trash / old.name, trash) if old.is_dir() else old.unlink()
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def scenario_dir(results_dir: Path, system: str, model: str, scenario: str, run_id: str) -> ScenarioDir:
@@ -104,5 +183,5 @@ def write_system_json(results_dir: Path, system_name: str, system: dict[str, Any
         "hardware_manifest": hardware.identity(), "device": hardware.device, "software": software})
 
 
-__all__ = ["RESULTS_SCHEMA_VERSION", "ScenarioDir", "scenario_dir", "prune_loadgen_logs", "measurements", "readme",
+__all__ = ["RESULTS_SCHEMA_VERSION", "RUNS_FOLDER", "ScenarioDir", "rebuild_view", "scenario_dir", "prune_loadgen_logs", "measurements", "readme",
            "write_system_json", "write_json", "write_text"]

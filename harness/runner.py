@@ -177,7 +177,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     if not guard.finalizing():
         _wait_for_abort()
     record.finished_at = utc_now()
-    record.results_path = str(where.root)
+    record.results_path = str(where.run_dir)
     write_json(where.stage() / "run.json", record.to_dict())
     (where.staging / "owner.json").unlink(missing_ok=True)
     where.publish()

@@ -36,3 +36,10 @@ def write_manifest(folder: Path, name: str, text: str) -> Path:
     path = folder / name
     path.write_text(textwrap.dedent(text))
     return path
+
+
+def newest_run(results: Path, model: str, scenario: str) -> dict:
+    """The record of the newest ok run of a model and scenario, from its own folder (runs/<run id>/)."""
+    files = sorted(scenario_root(results, model, scenario).glob("runs/*/run.json"))
+    assert files, f"no runs of {model} {scenario} under {results}"
+    return json.loads(files[-1].read_text())

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.support import run_cli, write_manifest
+from tests.support import newest_run, run_cli, write_manifest
 from harness.errors import UserError
 from harness.result_store import DB_ENV, SCHEMA_VERSION, ResultStore, schema_version
 
@@ -57,10 +57,11 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]
     results = tmp_path_factory.mktemp("store")
     assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--set", "max_batch_size=16",
                    "--set", "target_qps=20000", "--results-dir", results) == 0
-    perf = json.loads(next(results.glob("*/null/Offline/run.json")).read_text())
+    perf = newest_run(results, "null", "Offline")
     assert run_cli("run", "null", "--scenario", "Offline", "--mode", "accuracy", "--quick",
                    "--results-dir", results) == 0
-    acc = json.loads(next(results.glob("*/null/Offline/run.json")).read_text())
+    acc = newest_run(results, "null", "Offline")
+    assert acc["run_id"] != perf["run_id"]
     return results, [perf, acc]
 
 
@@ -169,12 +170,13 @@ def test_missing_database_and_unknown_run_are_one_line_errors(two_runs: tuple[Pa
 
 def test_import_run_json_files(two_runs: tuple[Path, list[dict]], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    results, (_, acc) = two_runs
+    results, (perf, acc) = two_runs
     db = tmp_path / "imported.sqlite"
     assert run_cli("results", "import", results, "--db", db) == 0  # every run.json below the folder
-    assert "1 run(s) stored" in capsys.readouterr().out  # the folder keeps the newest run.json
+    # Each run keeps its own folder; the scenario's view links the chosen run's record: stored once.
+    assert "2 run(s) stored" in capsys.readouterr().out
     with ResultStore(db) as store:
-        assert [r["run_id"] for r in store.list_runs()] == [acc["run_id"]]
+        assert sorted(r["run_id"] for r in store.list_runs()) == sorted([perf["run_id"], acc["run_id"]])
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert run_cli("results", "import", bad, "--db", db) == 1

@@ -162,16 +162,20 @@ def _threshold(rule: ComplianceRule, scenario: str, ref_score: float) -> float:
 
 # ---- running ---------------------------------------------------------------------------------
 
-def run_audit(request: Any, test: str, scenario_dir: Path) -> dict[str, Any]:
-    """Run one audit for `request` (a RunRequest) and file it under scenario_dir/<test>/."""
-    reference_detail = scenario_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
-    reference_accuracy = scenario_dir / "accuracy" / "mlperf_log_accuracy.json"
+def run_audit(request: Any, test: str, run_dir: Path) -> dict[str, Any]:
+    """Run one audit of the performance run in `run_dir` (its own folder, runs/<run id>/) for
+    `request` (a RunRequest) and file it there as <test>/. TEST01 compares with that run's accuracy
+    log, or, for a performance-only run, with the scenario's chosen accuracy run (its view)."""
+    reference_detail = run_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
+    reference_accuracy = run_dir / "accuracy" / "mlperf_log_accuracy.json"
+    if not reference_accuracy.is_file():
+        reference_accuracy = _scenario_root(run_dir) / "accuracy" / "mlperf_log_accuracy.json"
     if not reference_detail.is_file():
         raise UserError(f"{reference_detail}: missing: {test} compares with the performance run; run it first")
     if test == "TEST01" and not reference_accuracy.is_file():
         raise UserError(f"{reference_accuracy}: missing: TEST01 compares with the accuracy run; "
                         f"run --mode accuracy (or submission) first")
-    with tempfile.TemporaryDirectory(prefix=f".{test}-", dir=scenario_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".{test}-", dir=run_dir) as tmp:
         work = Path(tmp)
         audit = work / "audit.config"
         write_text(audit, audit_config_text(test))
@@ -197,7 +201,7 @@ def run_audit(request: Any, test: str, scenario_dir: Path) -> dict[str, Any]:
                                          ("performance/run_1/mlperf_log_detail.txt",
                                           f"{test}/performance/run_1/mlperf_log_detail.txt"))
         write_text(staged / "verify_performance.txt", performance.text())
-        _replace_dir(staged, scenario_dir / test)
+        _replace_dir(staged, run_dir / test)
     outcome = {"run_id": record.run_id, "performance": "PASS" if performance.passed else "FAIL",
                "performance_detail": performance.lines[3:]}
     if test == "TEST01":
@@ -228,18 +232,26 @@ def _replace_dir(staged: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def run_compliance(request: Any, tests: list[str], scenario_dir: Path) -> dict[str, Any]:
-    """Run each audit in turn, then record the outcomes in the scenario's run.json (and database)."""
-    outcomes = {test: run_audit(request, test, scenario_dir) for test in tests}
-    record_outcomes(scenario_dir, outcomes)
+def _scenario_root(run_dir: Path) -> Path:
+    """results/<system>/<model>/<Scenario> of a run folder (runs/<run id>/ inside it)."""
+    return run_dir.parent.parent
+
+
+def run_compliance(request: Any, tests: list[str], run_dir: Path) -> dict[str, Any]:
+    """Run each audit of the run in `run_dir` in turn, then record the outcomes on that run."""
+    outcomes = {test: run_audit(request, test, run_dir) for test in tests}
+    record_outcomes(run_dir, outcomes)
     return outcomes
 
 
-def record_outcomes(scenario_dir: Path, outcomes: dict[str, Any],
+def record_outcomes(run_dir: Path, outcomes: dict[str, Any],
                     record: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Attach the outcomes to the performance run's record (default: the scenario's run.json when it
-    is a performance run): in run.json when it is that run, and in the results database."""
-    run_json = scenario_dir / "run.json"
+    """Attach the outcomes to the performance run's record (default: the run.json in `run_dir` when it
+    is a performance run): in that run's run.json and in the results database; then the scenario's
+    view is rebuilt so it shows the audits of the run it shows."""
+    from harness.results import rebuild_view
+
+    run_json = run_dir / "run.json"
     current = read_record_file(run_json) if run_json.is_file() else None
     if record is None:
         if not current or current.get("mode") not in ("performance", "submission"):
@@ -248,11 +260,12 @@ def record_outcomes(scenario_dir: Path, outcomes: dict[str, Any],
     record["compliance"] = (record.get("compliance") or {}) | outcomes
     if current and current.get("run_id") == record["run_id"]:
         write_json(run_json, record)
+    rebuild_view(_scenario_root(run_dir))
     try:
         from harness import result_store
     except ImportError:
         return record
-    db = result_store.default_db_path(scenario_dir.parent.parent.parent)
+    db = result_store.default_db_path(_scenario_root(run_dir).parent.parent.parent)
     if db.exists():
         with result_store.ResultStore(db) as store:
             store.add_run(record)

@@ -219,8 +219,9 @@ def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: P
         summary = [line.strip() for line in format_summary(record).splitlines()[1:] if "results :" not in line]
         return {"run_id": record.run_id, "summary": summary}
     perf = json.loads((scenario_dir / STEPS_FILE).read_text())["records"]["performance"]
-    outcome = run_audit(_request(options, scenario, perf.get("command", "")), step, scenario_dir)
-    _save_record(scenario_dir, "performance", record_outcomes(scenario_dir, {step: outcome}, perf))
+    run_dir = Path(perf["results_path"])  # the audited run's own folder
+    outcome = run_audit(_request(options, scenario, perf.get("command", "")), step, run_dir)
+    _save_record(scenario_dir, "performance", record_outcomes(run_dir, {step: outcome}, perf))
     return {"run_id": outcome["run_id"], "verdict": outcome["verdict"],
             "summary": [f"{step}: {outcome['verdict']}"] + [l for l in outcome["performance_detail"]
                                                              if l.startswith(("reference score", "test score"))]}
