@@ -125,7 +125,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
     detected = system_mod.detect_system()
-    system_name = system_mod.system_name(detected)
+    system_name = system_mod.system_name(detected, hardware.device)
     run_id = new_run_id()
     where = results.scenario_dir(Path(request.results_dir), system_name, model.name, request.scenario, run_id)
     record = RunRecord(

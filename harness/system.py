@@ -75,11 +75,13 @@ def software_versions() -> dict[str, str]:
     return {dist: v for dist in RECORDED_PACKAGES if (v := package_version(dist))}
 
 
-def system_name(system: dict[str, Any]) -> str:
-    """A stable folder name for this machine: CPU model and core count, filesystem-safe."""
+def system_name(system: dict[str, Any], device: str = "cpu") -> str:
+    """A stable folder name for this machine and device: CPU model and core count, filesystem-safe,
+    and the device when it is not the CPU (a CUDA run and a CPU run of one host are two systems)."""
     cpu = re.sub(r"\(R\)|\(TM\)|CPU|@.*$", "", system["cpu_model"]).strip()
     cpu = re.sub(r"[^A-Za-z0-9]+", "_", cpu).strip("_") or "cpu"
-    return f"{cpu}_{system['logical_cpus']}c"
+    name = f"{cpu}_{system['logical_cpus']}c"
+    return name if device == "cpu" else f"{name}_{re.sub(r'[^A-Za-z0-9]+', '', device)}"
 
 
 def check_software(manifest: SoftwareManifest) -> dict[str, str]:

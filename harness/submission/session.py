@@ -157,10 +157,12 @@ def run_session(options: SessionOptions) -> int:
     from harness.specs import default_index
     from harness.submission.rules import benchmark_for
 
-    model = select_model(default_index(), options.model, options.backend)
+    index = default_index()
+    model = select_model(index, options.model, options.backend)
     benchmark = benchmark_for(model.mlperf_benchmark or model.name)
     steps = plan(options, benchmark.compliance_tests if benchmark else ())
-    system = system_mod.system_name(system_mod.detect_system())
+    device = index.find("hardware", options.hardware).device
+    system = system_mod.system_name(system_mod.detect_system(), device)
     model_dir = Path(options.results_dir) / system / model.name
     state_path = model_dir / STATE_FILE
     state = _load_state(state_path, _fingerprint(options), options.restart)
