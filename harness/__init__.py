@@ -1,16 +1,45 @@
 """mlharness: MLPerf-style inference benchmarking with LoadGen and DLSpec manifests.
 
-The public API is small: `run()` a RunRequest, load a `Manifest`, read a `RunRecord`.
-Importing it loads no deep-learning framework."""
+The public API is small (README: Python API): build a `RunRequest`, `run()` it, read the returned
+`RunRecord`, query past runs in a `ResultStore`, `load_manifest` a `Manifest`; user mistakes raise
+`UserError`. Importing this package loads no deep-learning framework; `RunRequest`, `ResultStore`
+and the runner are imported on first use."""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from harness.errors import UserError
 from harness.manifests import Manifest, load_manifest
 from harness.run_record import RunRecord
 
+if TYPE_CHECKING:
+    from harness.request import RunRequest
+    from harness.result_store import ResultStore
 
-def run(request):  # noqa: ANN001 - re-export with a lazy import of the runner
+# Public names imported on first use (PEP 562), so `import harness` stays light.
+_LAZY = {"RunRequest": "harness.request", "ResultStore": "harness.result_store"}
+
+
+def run(request: RunRequest) -> RunRecord:
+    """Run one request in a fresh process of its own (like `mlharness run`) and return its record;
+    a failed run raises harness.runner.RunFailed (a UserError) with the failed record as `.record`."""
     from harness.runner import run as _run
 
     return _run(request)
 
 
-__all__ = ["run", "Manifest", "RunRecord", "UserError", "load_manifest"]
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = ["run", "RunRequest", "RunRecord", "ResultStore", "Manifest", "UserError", "load_manifest"]

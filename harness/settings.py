@@ -5,7 +5,6 @@ keys are written as one user.conf and applied with a single FromConfig call; har
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +43,10 @@ PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_r
 
 
 def scenarios_root() -> Path:
-    env = os.environ.get("MLHARNESS_SCENARIOS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "scenarios"
+    """The shipped scenarios/ package's folder (the presets), unless MLHARNESS_SCENARIOS points elsewhere."""
+    from harness.specs import shipped_folder
+
+    return shipped_folder("scenarios", "MLHARNESS_SCENARIOS")
 
 
 @dataclass

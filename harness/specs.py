@@ -1,6 +1,7 @@
-"""Find manifests by name under the specs/ folder, or take a path as given."""
+"""Find manifests by name under the specs/ folder (shipped as package data), or take a path as given."""
 from __future__ import annotations
 
+import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +14,27 @@ KIND_FOLDERS = {"model": "models", "dataset": "datasets", "software": "software"
                 "hardware": "hardware", "reference": "references"}
 
 
+def shipped_folder(package: str, env: str) -> Path:
+    """The folder of a data package shipped with mlharness (`specs`, `scenarios`), found through the
+    import system so that a checkout, an editable install and a wheel all work; $env overrides."""
+    override = os.environ.get(env)
+    if override:
+        return Path(override)
+    try:
+        folder = importlib.resources.files(package)
+    except (ModuleNotFoundError, TypeError) as exc:  # TypeError: a module of that name, not a package
+        raise UserError(f"the {package} shipped with mlharness cannot be found ({exc}): reinstall mlharness "
+                        f"(in a checkout: pip install -e .) or set ${env}") from None
+    if not isinstance(folder, Path) or not (folder / "__init__.py").is_file():
+        # A namespace package (a stray folder of that name) or a zipped install: not ours, or not a folder.
+        raise UserError(f"the {package} shipped with mlharness are not a folder on disk (found {folder}); "
+                        f"reinstall mlharness or set ${env}")
+    return folder
+
+
 def specs_root() -> Path:
-    """specs/ beside the package, unless MLHARNESS_SPECS points elsewhere."""
-    env = os.environ.get("MLHARNESS_SPECS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "specs"
+    """The shipped specs/ package's folder, unless MLHARNESS_SPECS points elsewhere."""
+    return shipped_folder("specs", "MLHARNESS_SPECS")
 
 
 def spec_files(root: Path | None = None, kind: str | None = None) -> list[Path]:

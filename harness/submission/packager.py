@@ -24,9 +24,14 @@ from harness.submission.rules import ALIASES, BENCHMARKS, COMPLIANCE_FILES, DIVI
 from harness.submission.runs import ScenarioRuns, collect
 
 PROVENANCE_SCHEMA_VERSION = 1
-REPO = Path(__file__).resolve().parent.parent.parent
-CODE_GLOBS = ("harness/**/*.py", "sut/**/*.py", "native/**/*.c", "native/**/*.h", "scenarios/*.yaml",
-              "pyproject.toml")
+# Where the code that runs lives: a checkout, or the site-packages folder mlharness is installed in.
+CODE_ROOT = Path(__file__).resolve().parent.parent.parent
+CHECKOUT_GLOBS = ("harness/**/*.py", "sut/**/*.py", "native/**/*.c", "native/**/*.h", "scenarios/*.yaml",
+                  "pyproject.toml")
+# An installed wheel holds no C sources and no pyproject.toml: its Python code and presets go in,
+# with a note naming the installed version (INSTALLED_NOTE).
+INSTALLED_GLOBS = ("harness/**/*.py", "sut/**/*.py", "scenarios/*.yaml")
+INSTALLED_NOTE = "INSTALLED.txt"
 
 
 @dataclass
@@ -239,12 +244,28 @@ def _provenance_entry(runs: ScenarioRuns, folder: str, benchmark: str | None, wh
             "accuracy": run_info(runs.accuracy), "compliance": runs.compliance}
 
 
+def _copy_code(dest: Path, root: Path = CODE_ROOT) -> None:
+    """The harness code that ran into `dest`: a checkout's sources, or the installed package's."""
+    checkout = (root / "pyproject.toml").is_file()
+    for pattern in CHECKOUT_GLOBS if checkout else INSTALLED_GLOBS:
+        for path in sorted(root.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                _copy(path, dest / path.relative_to(root))
+    if not checkout:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = f"mlharness {version('mlharness')}"
+        except PackageNotFoundError:
+            installed = "mlharness (version unknown: no distribution metadata)"
+        write_text(dest / INSTALLED_NOTE, f"{installed}, installed in {root}: its Python code and scenario presets "
+                                          f"as installed. The C extension sut._native ran as built; its C sources "
+                                          f"are in the mlharness source tree, not in the installed package.\n")
+
+
 def _copy_sources(tree: SubmitterTree, records: list[dict[str, Any]]) -> None:
     """src/: the harness code that ran and every manifest the runs named (with their hashes)."""
-    for pattern in CODE_GLOBS:
-        for path in sorted(REPO.glob(pattern)):
-            if path.is_file() and "__pycache__" not in path.parts:
-                _copy(path, tree.src / "mlharness" / path.relative_to(REPO))
+    _copy_code(tree.src / "mlharness")
     manifests: dict[str, dict[str, Any]] = {}
     for record in records:
         refs = [("models", record.get("model")), ("datasets", record.get("dataset")),

@@ -1,0 +1,68 @@
+"""The small Python API (`from harness import ...`): the README's example runs as written, and
+importing the package stays light."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import REPO
+
+API = ("run", "RunRequest", "RunRecord", "ResultStore", "load_manifest", "UserError")
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -c CODE` from `cwd` with this checkout importable, and the shipped specs, presets and
+    the results database under the run's --results-dir (none of the developer's overrides)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLHARNESS_SPECS", "MLHARNESS_SCENARIOS", "MLHARNESS_DB")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["MLHARNESS_CACHE"] = str(cwd / "cache")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def readme_example() -> str:
+    """The one ```python block of the README's "Python API" section."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert len(blocks) == 1, blocks
+    return blocks[0]
+
+
+def test_readme_example_runs(tmp_path: Path) -> None:
+    result = _python(readme_example(), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    status, valid, figure, unit = lines[0].split()
+    assert (status, valid in ("VALID", "INVALID"), unit) == ("ok", True, "samples/s") and float(figure) > 0
+    record = json.loads(next((tmp_path / "results").glob("*/null/Offline/run.json")).read_text())
+    assert lines[1] == f"results in {record['results_path']}"
+    # The run's row in the database, its headline figure the one printed from the record.
+    run_id, model, scenario, metric, value = lines[2].split()
+    assert (run_id, model, scenario, metric) == (record["run_id"], "null", "Offline", "offline.samples_per_second")
+    assert float(value) == float(figure) == record["performance"]["samples_per_second"]
+    assert len(lines) == 3
+
+
+def test_public_names_import_without_a_framework(tmp_path: Path) -> None:
+    code = ("import json, sys\nfrom harness import " + ", ".join(API) + "\nimport harness\n"
+            "print(json.dumps(harness.__all__))\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'onnxruntime', 'onnx', 'transformers', 'numpy', 'mlperf_loadgen', 'sut'))))")
+    result = _python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    exported, heavy = (json.loads(line) for line in result.stdout.splitlines())
+    assert set(API) <= set(exported)
+    assert heavy == []
+
+
+def test_import_harness_alone_defers_the_request_and_store_modules(tmp_path: Path) -> None:
+    code = ("import sys, harness\nprint(sorted(m for m in sys.modules if m in "
+            "('harness.request', 'harness.result_store', 'harness.runner', 'sqlite3')))\n"
+            "print(harness.RunRequest.__module__, harness.ResultStore.__module__)")
+    result = _python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[]", "harness.request harness.result_store"]
