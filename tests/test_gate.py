@@ -30,9 +30,20 @@ def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+def _run_ids(results: Path) -> set[str]:
+    if not (results / "mlharness.sqlite").exists():
+        return set()
+    with ResultStore(results / "mlharness.sqlite") as store:
+        return {row["run_id"] for row in store.list_runs()}
+
+
 def _run(results: Path, *extra: str) -> str:
+    """One run; its id is the one the database did not have before. Not read from the folders: on a
+    fast machine two runs start within the same second, and what is newest there is then a tie."""
+    before = _run_ids(results)
     assert run_cli(*RUN, "--results-dir", results, *extra) == 0
-    return json.loads(next(results.glob("*/null/Offline/run.json")).read_text())["run_id"]
+    (new,) = _run_ids(results) - before
+    return new
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +62,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         ids["baseline"].append(_run(results))
         ids["candidate"].append(_run(results))
     assert all(len(set(group)) == 3 for group in ids.values())
-    assert run_cli(*RUN, "--mode", "accuracy", "--results-dir", results) == 0
-    return {"results": results, **ids}
+    return {"results": results, **ids, "accuracy": _run(results, "--mode", "accuracy")}
 
 
 def gate(runs: dict, baseline: list[str], candidate: list[str], *extra: str) -> int:
@@ -110,10 +120,11 @@ def test_direction_and_bootstrap(runs: dict, capsys: pytest.CaptureFixture[str])
 
 def test_references_by_file_folder_query_and_prefix(runs: dict, tmp_path: Path) -> None:
     results = runs["results"]
-    run_json = next(results.glob("*/null/Offline/run.json"))  # the newest run: the accuracy run
+    run_json = tmp_path / "run.json"
     folder = tmp_path / "baseline"
     folder.mkdir()
     with ResultStore(results / "mlharness.sqlite") as store:
+        run_json.write_text(json.dumps(store.get_run(runs["accuracy"])))
         for run_id in runs["baseline"]:
             (folder / f"{run_id}.json").write_text(json.dumps(store.get_run(run_id)))
     # The newest three performance runs: candidates and a baseline, the same configuration.
