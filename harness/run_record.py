@@ -18,7 +18,8 @@ RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 
 def new_run_id() -> str:
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    # Microseconds: ids sort in start order even for runs started within one second.
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     return f"{stamp}-{secrets.token_hex(3)}"
 
 

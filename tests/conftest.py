@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -16,3 +17,14 @@ def specs_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(REPO / "specs", root)
     monkeypatch.setenv("MLHARNESS_SPECS", str(root))
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite never reads or writes the developer's $MLHARNESS_DB, specs, presets, CI summary or
+    ~/.cache/mlharness: one private cache for the session, and no overrides from outside."""
+    with pytest.MonkeyPatch.context() as patch:
+        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS", "GITHUB_STEP_SUMMARY"):
+            patch.delenv(var, raising=False)
+        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
+        yield

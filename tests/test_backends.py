@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -16,16 +15,6 @@ from sut import backends
 from tests.support import REPO, read_run, run_cli, sha256, write_manifest
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def test_harness_imports_without_frameworks() -> None:

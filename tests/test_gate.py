@@ -6,28 +6,17 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests.support import run_cli
 from harness.errors import UserError
 from harness.gate import parse_rule
-from harness.result_store import DB_ENV, ResultStore
+from harness.result_store import ResultStore
 
 RUN = ("run", "null", "--scenario", "Offline", "--quick")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, this test session's cache, and no CI step summary.
-    Module scope, so it is in place before `runs` (a function-scoped one would come after it)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in (DB_ENV, "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS", "GITHUB_STEP_SUMMARY"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def _run_ids(results: Path) -> set[str]:

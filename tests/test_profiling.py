@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,16 +17,6 @@ from profiling.perf_stat import HARDWARE_EVENTS, parse
 from profiling.timeline import check
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def _profile(results: Path, model: str, scenario: str) -> tuple[dict, dict]:

@@ -4,26 +4,15 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests.support import run_cli
-from harness.result_store import DB_ENV, ResultStore
+from harness.result_store import ResultStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in (DB_ENV, "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def check_report(out: Path) -> list[str]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -12,16 +11,6 @@ from harness.settings import build_settings
 from tests.support import read_run, run_cli, scenario_root
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 HINTS = {"*": {"min_query_count": 5}, "Offline": {"target_qps": 10, "min_duration": 100}}
 

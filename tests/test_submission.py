@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,16 +17,6 @@ from harness.submission.rules import (ACCURACY_FILES, BENCHMARKS, MAX_ACCURACY_L
 from tests.support import REPO, run_cli
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 MODEL = "null-resnet"

@@ -6,13 +6,12 @@ import json
 import re
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests.support import REPO, run_cli, write_manifest
 from harness.errors import UserError
-from harness.result_store import DB_ENV, ResultStore
+from harness.result_store import ResultStore
 from harness.sweep_grid import load_grid
 
 FLAKY_MODEL = """\
@@ -35,16 +34,6 @@ FLAKY_MODEL = """\
     """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB (runs go to the database under their
-    --results-dir), the shipped specs and presets, and this test session's cache, not ~/.cache/mlharness.
-    Module scope, so it is in place before any module-scoped fixture runs something."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in (DB_ENV, "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def write_grid(path: Path, text: str) -> Path:

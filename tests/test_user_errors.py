@@ -11,7 +11,6 @@ import sys
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -26,14 +25,6 @@ from sut import backends
 from tests.support import REPO, read_run, run_cli, scenario_root, write_manifest
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Not the developer's environment: no $MLHARNESS_DB, the shipped specs and presets, this session's cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("MLHARNESS_DB", "MLHARNESS_SPECS", "MLHARNESS_SCENARIOS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("MLHARNESS_CACHE", str(tmp_path_factory.getbasetemp() / "mlharness-cache"))
-        yield
 
 
 def one_error(capfd: pytest.CaptureFixture[str], prefix: str = "mlharness: error: ") -> str:
