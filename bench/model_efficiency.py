@@ -45,8 +45,8 @@ WARMUP_RUNS = 3
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, batch: int, threads: int) -> Any:
-    from harness.specs import default_index
     from harness.runner import select_model
+    from specs.index import default_index
     from sut.runtime import build_runtime
 
     index = default_index()
@@ -98,7 +98,7 @@ def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencie
 
 
 def harness_run(model_name: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
-    from harness.runner import RunRequest, run
+    from harness import RunRequest, run
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as results_dir:
         record = run(RunRequest(model=model_name, scenario=scenario, backend="onnxruntime", overrides=overrides,
@@ -214,7 +214,7 @@ def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None
 def _default_batch(model: str) -> int:
     sys.path.insert(0, str(ROOT))
     from harness.runner import select_model
-    from harness.specs import default_index
+    from specs.index import default_index
 
     return int(select_model(default_index(), model, "onnxruntime").attributes.get("max_batch_size", 1))
 

@@ -45,7 +45,7 @@ def _loadgen_settings(scenario: str, overrides: list[str], workdir: Path) -> Any
     variants run under exactly the settings the harness variants get."""
     from harness.runner import RunRequest, prepare_settings, select_model
     from harness.settings import apply_to_loadgen
-    from harness.specs import default_index
+    from specs.index import default_index
 
     model = select_model(default_index(), "null", "null")
     settings = prepare_settings(RunRequest(model="null", scenario=scenario, overrides=overrides), model)
@@ -117,7 +117,7 @@ def _measure_bare(variant: str, scenario: str, overrides: list[str]) -> dict[str
 
 def _measure_harness(variant: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
     os.environ["MLHARNESS_HANDOFF"] = variant
-    from harness.runner import RunRequest, run
+    from harness import RunRequest, run
     from sut.handoff import load_handoff
 
     handoff = load_handoff()

@@ -27,8 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from harness import RunRequest, run  # noqa: E402
 from harness.atomic_io import write_json  # noqa: E402
-from harness.runner import RunRequest, _profile_session, run  # noqa: E402
+from harness.runner import _profile_session  # noqa: E402
 from harness.system import cpu_model  # noqa: E402
 from profiling import LEVELS  # noqa: E402
 

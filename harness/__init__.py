@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
-from harness.manifests import Manifest, load_manifest
 from harness.run_record import RunRecord
+from specs.manifests import Manifest, load_manifest
 
 if TYPE_CHECKING:
     from harness.request import RunRequest
@@ -23,8 +23,8 @@ _LAZY = {"RunRequest": "harness.request", "ResultStore": "harness.result_store"}
 
 def run(request: RunRequest) -> RunRecord:
     """Run one request in a fresh process of its own (like `mlharness run`) and return its record;
-    a failed run raises harness.runner.RunFailed (a UserError) with the failed record as `.record`."""
-    from harness.runner import run as _run
+    a failed run raises harness.errors.RunFailed (a UserError) with the failed record as `.record`."""
+    from harness.launcher import run as _run
 
     return _run(request)
 

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.errors import UserError
-from harness.manifests import ReferenceLog, TensorSpec
 from harness.metrics import MetricResult, get_metric
+from specs.manifests import ReferenceLog, TensorSpec
 
 
 def decode_accuracy_log(path: Path, result: TensorSpec, dims: dict[str, int] | None = None) -> dict[int, np.ndarray]:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UserError
-from harness.manifests import DatasetManifest, HardwareManifest, ModelManifest, TensorSpec
-from harness.specs import SpecIndex
+from specs.index import SpecIndex
+from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest, TensorSpec
 
 SCHEMA_VERSION = 1
 RANKED_TYPES = ("scores", "logits", "probabilities")  # outputs whose argmax is a class

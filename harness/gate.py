@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness import comparability, record_metrics
-from harness.errors import UserError
-from harness.optional import require
+from harness.errors import UserError, require
 
 _RULE = re.compile(r"^(?P<figure>[A-Za-z0-9_.]+):(?P<sign>[+-])(?P<limit>\d+(?:\.\d+)?)(?P<unit>%|pt)?$")
 DEFAULT_ALPHA = 0.05

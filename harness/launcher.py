@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from harness.atomic_io import write_json, write_text
-from harness.errors import UserError
+from harness.errors import RunFailed, RunInterrupted, UserError
 from harness.request import RunRequest
 from harness.run_record import RunRecord, new_run_id, utc_now
 
@@ -72,14 +72,6 @@ class Outcome:
 
 class Launcher(Protocol):
     def submit(self, request: RunRequest) -> Outcome: ...
-
-
-class RunInterrupted(UserError):
-    """The run was stopped from outside (a signal or a timeout); `exit_status` is what to exit with."""
-
-    def __init__(self, message: str, exit_status: int = 1):
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 def describe_exit(returncode: int) -> str:
@@ -503,8 +495,6 @@ def child_main(workdir: Path) -> None:
 
 
 def _error_outcome(exc: BaseException) -> Outcome:
-    from harness.runner import RunFailed
-
     record = exc.record if isinstance(exc, RunFailed) else None
     status = getattr(exc, "exit_status", 1)
     if isinstance(exc, UserError):
@@ -518,10 +508,14 @@ def _error_outcome(exc: BaseException) -> Outcome:
                    traceback_path=str(path), exit_status=1)
 
 
+def run(request: RunRequest, launcher: Launcher | None = None) -> RunRecord:
+    """Run one model in one scenario and mode, in a fresh process of its own; returns the record,
+    raises RunFailed (with the failed record) when the run fails."""
+    return run_request(request, launcher)
+
+
 def run_request(request: RunRequest, launcher: Launcher | None = None) -> RunRecord:
     """Submit a request and return its record; a failed run raises RunFailed (with the record)."""
-    from harness.runner import RunFailed
-
     outcome = (launcher or LocalLauncher()).submit(request)
     if outcome.kind == "result" and outcome.record is not None:
         return outcome.record

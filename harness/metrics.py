@@ -8,8 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
-from harness.optional import require
+from harness.errors import UserError, require
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ class Plot:
 
 
 def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, loaded only when a report is written
-    from harness.optional import require
+    from harness.errors import require
 
     matplotlib = require("matplotlib", "reports", "report plots")
 

@@ -11,26 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from harness import accuracy as accuracy_mod
-from harness import results, system as system_mod
+from harness import results
+from harness import system as system_mod
 from harness.atomic_io import write_json, write_text
-from harness.errors import UserError
+from harness.errors import RunFailed, UserError
 from harness.loadgen_logs import detail_problems, parse_summary
-from harness.manifests import ModelManifest, ReferenceLog
 from harness.request import DEFAULT_RESULTS_DIR, RunRequest
 from harness.run_record import RunRecord, new_run_id, utc_now
-from harness.settings import Settings, apply_to_loadgen, build_settings, validate_loadgen_settings
-from harness.specs import SpecIndex
+from harness.settings import (
+    Settings,
+    apply_to_loadgen,
+    build_settings,
+    validate_loadgen_settings,
+)
+from specs.index import SpecIndex
+from specs.manifests import ModelManifest, ReferenceLog
 
-__all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run", "run_here", "select_model"]
-
-
-class RunFailed(UserError):
-    """The run started but failed; its record (status failed) is attached."""
-
-    def __init__(self, message: str, record: RunRecord, exit_status: int = 1):
-        super().__init__(message)
-        self.record = record
-        self.exit_status = exit_status
+__all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run_here", "select_model"]
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
@@ -93,20 +90,10 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
     return options
 
 
-def run(request: RunRequest, index: SpecIndex | None = None) -> RunRecord:
-    """Run one model in one scenario and mode, in a fresh process of its own (harness.launcher);
-    returns the record, raises RunFailed (with the failed record) when the run fails."""
-    from harness.launcher import run_request
-
-    if index is not None and request.specs_root is None:
-        request = replace(request, specs_root=index.root)
-    return run_request(request)
-
-
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
     """The run itself, in this process (the launcher's child): `guard` (harness.launcher.RunGuard)
     is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
-    from harness.specs import default_index
+    from specs.index import default_index
 
     index = SpecIndex(request.specs_root) if request.specs_root else default_index()
     model = select_model(index, request.model, request.backend)

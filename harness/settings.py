@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.errors import UserError
-from harness.validation import load_yaml
+from specs.validation import load_yaml
 
 SCENARIOS = ("SingleStream", "MultiStream", "Server", "Offline")
 MODES = ("performance", "accuracy", "submission", "find-peak")
@@ -44,7 +44,7 @@ PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_r
 
 def scenarios_root() -> Path:
     """The shipped scenarios/ package's folder (the presets), unless MLHARNESS_SCENARIOS points elsewhere."""
-    from harness.specs import shipped_folder
+    from specs.index import shipped_folder
 
     return shipped_folder("scenarios", "MLHARNESS_SCENARIOS")
 

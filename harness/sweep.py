@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness import record_metrics
-from harness.errors import UserError
+from harness.errors import RunInterrupted, UserError
 from harness.result_store import ResultStore
 from harness.run_record import utc_now
 from harness.sweep_grid import Cell, Grid, load_grid
@@ -175,8 +175,6 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
         status = result["status"] if result["status"] == "ok" else f"FAILED: {result.get('error')}"
         progress.finished(label, status, seconds)
         if result.get("exit_status", 0) > 128:  # Ctrl-C or SIGTERM: the cell is recorded, the sweep stops
-            from harness.launcher import RunInterrupted
-
             raise RunInterrupted(f"sweep {sweep_id} interrupted; {len(outcomes)} cell run(s) recorded, "
                                  f"resume with the same command", result["exit_status"])
     return SweepResult(sweep_id, len(plan), len(plan) - len(todo), outcomes)

@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.errors import UserError
 from harness.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
-from harness.validation import load_yaml
+from specs.validation import load_yaml
 
 GRID_SCHEMA_VERSION = 1
 GRID_KEYS = frozenset({"schema_version", "name", "description", "models", "backends", "scenarios", "mode",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.manifests import SoftwareManifest
+from specs.manifests import SoftwareManifest
 
 RECORDED_PACKAGES = ("mlcommons-loadgen", "numpy", "onnxruntime", "onnx", "torch", "transformers", "mlharness")
 

@@ -11,6 +11,7 @@ kernels, so the bytes differ between machines; the output check against the sour
 the sha256 is recorded (provenance, run record, results database)."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -24,11 +25,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness import artifacts
 from harness.atomic_io import write_json, write_text
 from harness.errors import UserError
-from harness.manifests import Artifact, Conversion, HardwareManifest, ModelManifest, load_manifest
-from harness.run_record import utc_now
+from specs import artifacts
+from specs.manifests import (
+    Artifact,
+    Conversion,
+    HardwareManifest,
+    ModelManifest,
+    load_manifest,
+)
 
 PROVENANCE_SCHEMA_VERSION = 1
 CHECK_TOLERANCE = 1e-3  # max |diff| allowed between source and export, relative to the output's scale
@@ -125,9 +131,7 @@ def convert(artifact: Artifact, where: str, base: Path, force: bool = False) -> 
         cached = _verified_cache(out, provenance_path)
         if cached is not None:
             return cached
-    from sut.runtime import resolve_sources  # verifies every source file's sha256 before export
-
-    files = resolve_sources(source)
+    files = artifacts.resolve_all(source)  # verifies every source file's sha256 before export
     partial = folder / f".{out.name}.{os.getpid()}.partial"  # one per process: concurrent runs never share it
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -151,7 +155,7 @@ def convert(artifact: Artifact, where: str, base: Path, force: bool = False) -> 
         "conversion": conversion.describe(),
         "exporter": details,
         "cache_key": key,
-        "created_at": utc_now(),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
     write_json(provenance_path, provenance)  # written last: its presence marks a complete conversion
@@ -170,8 +174,11 @@ def _verified_cache(out: Path, provenance_path: Path) -> Converted | None:
 
 
 def resolve_conversion(artifact: Artifact, where: str, base: Path) -> Path:
-    """What harness.artifacts.resolve calls for a converted source: a verified local file."""
+    """What specs.artifacts.resolve calls for a converted source: a verified local file."""
     return convert(artifact, where, base).path
+
+
+artifacts.register_converter(resolve_conversion)
 
 
 # -- exporters -------------------------------------------------------------------------------------

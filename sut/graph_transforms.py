@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.atomic_io import write_bytes
-from harness.errors import UserError
-from harness.optional import require
+from harness.errors import UserError, require
 
 Transform = Callable[[Any], None]
 _TRANSFORMS: dict[str, Transform] = {}

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from harness import artifacts
 from harness.errors import UserError
-from harness.manifests import DatasetManifest, HardwareManifest, ModelManifest
-from sut import backends
+from specs import artifacts
+from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
+from sut import backends, conversion  # noqa: F401 - conversion registers the converter
 from sut.backends.base import Backend
 from sut.processing import ProcessingContext, compile_function
 from sut.staging import StagedSamples
@@ -36,8 +36,8 @@ class Runtime:
 
 
 def resolve_sources(manifest: Any) -> dict[str, Path]:
-    base = manifest.path.parent
-    return {key: artifacts.resolve(art, f"{manifest.path}: sources.{key}", base) for key, art in manifest.sources.items()}
+    """Every source of a manifest as a verified local file (converted ones made by sut.conversion)."""
+    return artifacts.resolve_all(manifest)
 
 
 def describe_sources(manifest: Any, paths: dict[str, Path]) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from harness.errors import UserError
-from harness.manifests import TensorSpec
+from specs.manifests import TensorSpec
 from sut.processing import ProcessingContext
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from harness.manifests import TensorSpec
+from specs.manifests import TensorSpec
 from sut.backends.base import Backend
 from sut.handoff import Handoff
 from sut.processing import ProcessingContext, batch_result_function

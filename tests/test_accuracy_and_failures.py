@@ -9,10 +9,8 @@ import pytest
 from tests.support import read_run, run_cli, scenario_root, write_manifest
 
 
-
-
 def _reference(folder: Path, top1: float, tolerance: float, outputs: str = "") -> Path:
-    from harness.manifests import load_manifest
+    from specs.manifests import load_manifest
 
     model = load_manifest(folder.parent / "models" / "null.yaml")
     dataset = load_manifest(folder.parent / "datasets" / "null-samples.yaml")

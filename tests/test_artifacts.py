@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.artifacts import extract, resolve
 from harness.errors import UserError
-from harness.manifests import Artifact
+from specs.artifacts import extract, resolve
+from specs.manifests import Artifact
 from tests.support import sha256
 
 

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from harness.errors import UserError
-from harness.manifests import load_manifest
+from specs.manifests import load_manifest
 from sut import backends
 from tests.support import REPO, read_run, run_cli, sha256, write_manifest
-
-
 
 
 def test_harness_imports_without_frameworks() -> None:

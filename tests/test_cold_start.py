@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.manifests import load_manifest
 from harness.record_metrics import flatten, higher_is_better
+from specs.manifests import load_manifest
 from sut.runtime import Runtime, build_runtime
 from sut.staging import SampleError
 from sut.warmup import first_inference_and_warm_up

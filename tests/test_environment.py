@@ -6,11 +6,9 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.manifests import load_manifest
 from harness.system import check_software, detect_system, system_name
+from specs.manifests import load_manifest
 from tests.support import read_run, run_cli, write_manifest
-
-
 
 
 def test_installed_versions_satisfy_the_shipped_software_manifests() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli
 from harness.errors import UserError
 from harness.gate import parse_rule
 from harness.result_store import ResultStore
+from tests.support import run_cli
 
 RUN = ("run", "null", "--scenario", "Offline", "--quick")
 

@@ -10,12 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.support import REPO
 
@@ -90,7 +90,7 @@ def test_the_wheel_carries_the_specs_presets_and_c_extension(installed: Install)
 
 def test_installed_copy_is_the_one_imported_and_finds_its_data(installed: Install, tmp_path: Path) -> None:
     code = ("import json, harness, specs, scenarios, sut._native\n"
-            "from harness.specs import specs_root\nfrom harness.settings import scenarios_root\n"
+            "from specs.index import specs_root\nfrom harness.settings import scenarios_root\n"
             "print(json.dumps([harness.__file__, specs.__file__, scenarios.__file__, sut._native.__file__,"
             " str(specs_root()), str(scenarios_root())]))")
     result = _run(installed, tmp_path, sys.executable, "-c", code)

@@ -6,12 +6,10 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.manifests import load_manifest
-from harness.specs import spec_files
-from harness.validation import ManifestError
+from specs.index import spec_files
+from specs.manifests import load_manifest
+from specs.validation import ManifestError
 from tests.support import REPO, run_cli, write_manifest
-
-
 
 GOOD_MODEL = """\
 kind: model
@@ -115,7 +113,7 @@ def test_specs_list_names_every_manifest(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_unknown_spec_name_lists_known(specs_copy: Path) -> None:
-    from harness.specs import default_index
+    from specs.index import default_index
 
     with pytest.raises(UserError, match="no model manifest named 'nope'.*resnet50-light"):
         default_index().find("model", "nope")

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import read_run, run_cli, scenario_root, write_manifest
 from harness.errors import UserError
 from profiling import LEVELS, parse_levels
 from profiling.perf_stat import HARDWARE_EVENTS, parse
 from profiling.timeline import check
-
-
+from tests.support import read_run, run_cli, scenario_root, write_manifest
 
 
 def _profile(results: Path, model: str, scenario: str) -> tuple[dict, dict]:

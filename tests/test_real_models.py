@@ -11,8 +11,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+from harness import RunRequest, run
 from harness.errors import UserError
-from harness.runner import RunRequest, run
 from tests.support import run_cli, scenario_root, sha256
 
 pytest.importorskip("torch")
@@ -119,7 +119,7 @@ def test_compare_outputs_minilm_embeddings(tmp_path: Path, capsys: pytest.Captur
 
 def test_conversion_is_recorded_cached_and_verified(private_cache: Path, specs_copy: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.manifests import load_manifest
+    from specs.manifests import load_manifest
     from sut.conversion import convert
 
     manifest = load_manifest(specs_copy / "models" / "mobilenet-v2-onnx.yaml")

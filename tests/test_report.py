@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli
 from harness.result_store import ResultStore
+from tests.support import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

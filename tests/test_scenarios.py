@@ -11,8 +11,6 @@ from harness.settings import SCENARIOS
 from tests.support import read_run, run_cli, scenario_root
 
 
-
-
 @pytest.mark.parametrize("model", ["null", "resnet50-light"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_performance_run_writes_the_tree(tmp_path: Path, model: str, scenario: str,

@@ -10,8 +10,6 @@ from harness.loadgen_logs import parse_summary
 from harness.settings import build_settings
 from tests.support import read_run, run_cli, scenario_root
 
-
-
 HINTS = {"*": {"min_query_count": 5}, "Offline": {"target_qps": 10, "min_duration": 100}}
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.manifests import load_manifest
-from harness.specs import SpecIndex
-from harness.validation import ManifestError
+from specs.index import SpecIndex
+from specs.manifests import load_manifest
+from specs.validation import ManifestError
 from tests.support import REPO, write_manifest
 
 INDEX = SpecIndex(REPO / "specs")
@@ -21,7 +21,7 @@ def _ids(kind: str) -> list:
 
 @pytest.mark.parametrize("manifest", _ids("model") + _ids("dataset"))
 def test_every_fetched_source_resolves_and_matches_its_sha256(manifest) -> None:  # noqa: ANN001
-    from harness import artifacts
+    from specs import artifacts
 
     for key, artifact in manifest.sources.items():
         if artifact.convert is None and not artifact.uri.startswith("https://"):

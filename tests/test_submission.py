@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 
 from harness.submission import accuracy_txt, checker, compliance
-from harness.submission.rules import (ACCURACY_FILES, BENCHMARKS, MAX_ACCURACY_LOG_SIZE, MEASUREMENTS_FIELDS,
-                                      PERFORMANCE_FILES, SCENARIO_FILES, SYSTEM_FIELDS, VIEWABLE_SIZE)
+from harness.submission.rules import (
+    ACCURACY_FILES,
+    BENCHMARKS,
+    MAX_ACCURACY_LOG_SIZE,
+    MEASUREMENTS_FIELDS,
+    PERFORMANCE_FILES,
+    SCENARIO_FILES,
+    SYSTEM_FIELDS,
+    VIEWABLE_SIZE,
+)
 from tests.support import REPO, run_cli
-
-
-
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run_cli, write_manifest
 from harness.errors import UserError
 from harness.result_store import ResultStore
 from harness.sweep_grid import load_grid
+from tests.support import REPO, run_cli, write_manifest
 
 FLAKY_MODEL = """\
     kind: model

@@ -9,22 +9,19 @@ import os
 import re
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from harness import run_record
-from harness.errors import UserError
-from harness.manifests import load_manifest
-from harness.optional import require
+from harness.errors import UserError, require
 from harness.run_record import RUN_SCHEMA_VERSION, RunRecord
 from harness.settings import build_settings, validate_loadgen_settings
 from harness.submission import compliance
+from specs.manifests import load_manifest
 from sut import backends
 from tests.support import REPO, read_run, run_cli, scenario_root, write_manifest
-
-
 
 
 def one_error(capfd: pytest.CaptureFixture[str], prefix: str = "mlharness: error: ") -> str:

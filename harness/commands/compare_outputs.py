@@ -10,7 +10,7 @@ from pathlib import Path
 def cmd_compare_outputs(args: argparse.Namespace) -> int:
     from harness.atomic_io import write_json
     from harness.divergence import Tolerance, compare_backends
-    from harness.specs import default_index
+    from specs.index import default_index
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     tolerance = Tolerance(args.tolerance, args.min_cosine, args.min_agreement)

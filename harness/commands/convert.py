@@ -11,7 +11,7 @@ from harness.errors import UserError
 
 
 def manifests_with_conversions(name_or_path: str, backend: str | None) -> list[Any]:
-    from harness.specs import default_index
+    from specs.index import default_index
 
     index = default_index()
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:

@@ -12,7 +12,7 @@ from harness.settings import MODES, SCENARIOS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.runner import RunRequest, run
+    from harness import RunRequest, run
 
     request = RunRequest(
         model=args.model, scenario=args.scenario, mode=args.mode, dataset=args.dataset, backend=args.backend,
@@ -97,7 +97,7 @@ def _duration(seconds: float) -> str:
 
 
 def cmd_specs_list(args: argparse.Namespace) -> int:
-    from harness.specs import KIND_FOLDERS, default_index
+    from specs.index import KIND_FOLDERS, default_index
 
     index = default_index()
     for kind in KIND_FOLDERS:
@@ -108,9 +108,9 @@ def cmd_specs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from harness.manifests import load_manifest
-    from harness.specs import spec_files
-    from harness.validation import ManifestError
+    from specs.index import spec_files
+    from specs.manifests import load_manifest
+    from specs.validation import ManifestError
 
     paths = [Path(p) for p in args.paths] or spec_files()
     problems: list[str] = []

@@ -11,16 +11,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.artifacts import sha256_file
 from harness.loadgen_logs import detail_problems, detail_values
 from harness.submission import accuracy_txt
 from harness.submission.layout import SubmitterTree, find_trees
-from harness.submission.rules import (ACCURACY_FILES, ACCURACY_PATTERNS, BENCHMARKS, COMPLIANCE_FILES,
-                                      COMPLIANCE_TOLERATED_ERRORS, EARLY_STOPPING_SCENARIOS,
-                                      MAX_ACCURACY_LOG_SIZE, MEASUREMENTS_FIELDS, MIN_DURATION_MS, MIN_QUERIES,
-                                      PERFORMANCE_FILES, SCENARIO_FILES, SCENARIOS, SEEDS, SYSTEM_FIELDS,
-                                      SYSTEM_INTEGER_FIELDS, SYSTEM_MEANINGFUL_FIELDS, SYSTEM_STATUS, SYSTEM_TYPES,
-                                      Benchmark, benchmark_for, required_scenarios)
+from harness.submission.rules import (
+    ACCURACY_FILES,
+    ACCURACY_PATTERNS,
+    BENCHMARKS,
+    COMPLIANCE_FILES,
+    COMPLIANCE_TOLERATED_ERRORS,
+    EARLY_STOPPING_SCENARIOS,
+    MAX_ACCURACY_LOG_SIZE,
+    MEASUREMENTS_FIELDS,
+    MIN_DURATION_MS,
+    MIN_QUERIES,
+    PERFORMANCE_FILES,
+    SCENARIO_FILES,
+    SCENARIOS,
+    SEEDS,
+    SYSTEM_FIELDS,
+    SYSTEM_INTEGER_FIELDS,
+    SYSTEM_MEANINGFUL_FIELDS,
+    SYSTEM_STATUS,
+    SYSTEM_TYPES,
+    Benchmark,
+    benchmark_for,
+    required_scenarios,
+)
+from specs.artifacts import sha256_file
 
 KINDS = ("tree", "system", "run", "scenarios", "accuracy", "dataset", "compliance")
 # Why a waived problem does not count, by kind.

@@ -20,7 +20,13 @@ from harness.loadgen_logs import parse_summary
 from harness.settings import PROTECTED_KEYS, Settings
 from harness.submission import accuracy_txt, system_json
 from harness.submission.layout import SubmitterTree
-from harness.submission.rules import ALIASES, BENCHMARKS, COMPLIANCE_FILES, DIVISIONS, PERFORMANCE_FILES
+from harness.submission.rules import (
+    ALIASES,
+    BENCHMARKS,
+    COMPLIANCE_FILES,
+    DIVISIONS,
+    PERFORMANCE_FILES,
+)
 from harness.submission.runs import ScenarioRuns, collect
 
 PROVENANCE_SCHEMA_VERSION = 1
@@ -68,7 +74,7 @@ def _benchmark_of(record: dict[str, Any] | None) -> str | None:
     path = ((record or {}).get("model") or {}).get("path")
     if not path or not Path(path).is_file():
         return None
-    from harness.manifests import load_manifest
+    from specs.manifests import load_manifest
 
     name = load_manifest(Path(path), "model").mlperf_benchmark
     name = ALIASES.get(name, name) if name else None

@@ -154,8 +154,8 @@ def _save_record(scenario_dir: Path, mode: str, record: dict[str, Any]) -> None:
 def run_session(options: SessionOptions) -> int:
     from harness import system as system_mod
     from harness.runner import select_model
-    from harness.specs import default_index
     from harness.submission.rules import benchmark_for
+    from specs.index import default_index
 
     index = default_index()
     model = select_model(index, options.model, options.backend)

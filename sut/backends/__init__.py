@@ -5,8 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from harness.errors import UserError
-from harness.optional import require
+from harness.errors import UserError, require
 from sut.backends.base import Backend
 
 # name -> "module:Class"; the order is the preference when a model has manifests for several.

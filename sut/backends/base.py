@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.manifests import HardwareManifest, ModelManifest
+from specs.manifests import HardwareManifest, ModelManifest
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.artifacts import cache_dir
 from harness.errors import UserError
-from harness.manifests import HardwareManifest
+from specs.artifacts import cache_dir
+from specs.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
 from sut.graph_transforms import apply_transforms
 

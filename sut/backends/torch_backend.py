@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import UserError
-from harness.manifests import HardwareManifest
+from specs.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
 from sut.processing import ProcessingContext, compile_function
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.validation import NAME, SEMVER, SHA256, Checker, load_yaml
+from specs.validation import NAME, SEMVER, SHA256, Checker, load_yaml
 
 ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 FRAMEWORKS = ("onnxruntime", "torch", "null")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.manifests import load_manifest
+from specs.manifests import load_manifest
 
 KIND_FOLDERS = {"model": "models", "dataset": "datasets", "software": "software",
                 "hardware": "hardware", "reference": "references"}

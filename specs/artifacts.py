@@ -11,10 +11,10 @@ import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness.errors import UserError
-from harness.manifests import Artifact
+from specs.manifests import Artifact
 
 
 def cache_dir() -> Path:
@@ -72,12 +72,29 @@ def locate(uri: str, where: str, base: Path) -> Path:
     return handler(rest, where, base)
 
 
+# Who makes converted artifacts (sut.conversion registers itself): the spec layer names what a
+# conversion is, the runtime layer does it, and this layer never imports the runtime.
+_CONVERTER: Callable[[Artifact, str, Path], Path] | None = None
+
+
+def register_converter(func: Callable[[Artifact, str, Path], Path]) -> None:
+    global _CONVERTER
+    _CONVERTER = func
+
+
+def resolve_all(manifest: Any) -> dict[str, Path]:
+    """Every source of a manifest as a verified local file, relative paths taken from its folder."""
+    base = manifest.path.parent
+    return {key: resolve(art, f"{manifest.path}: sources.{key}", base) for key, art in manifest.sources.items()}
+
+
 def resolve(artifact: Artifact, where: str, base: Path) -> Path:
     """A verified local file for `artifact`; a missing file or a sha256 mismatch is a UserError."""
     if artifact.convert is not None:
-        from sut.conversion import resolve_conversion  # made by a recorded export step, cached
-
-        return resolve_conversion(artifact, where, base)
+        if _CONVERTER is None:
+            raise UserError(f"{where}: a converted artifact is made by the runtime's conversions; "
+                            f"import sut.conversion before resolving it")
+        return _CONVERTER(artifact, where, base)  # made by a recorded export step, cached
     path = locate(artifact.uri, where, base)
     if not path.is_file():
         raise UserError(f"{where}: {artifact.uri} not found (looked at {path})")

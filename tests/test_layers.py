@@ -1,0 +1,106 @@
+"""Layers point one way: specs (manifests, validation, the index, artifacts) < sut and profiling (the
+runtime) < harness (orchestration, CLI). Read from the source, every import counted, lazy ones too."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support import REPO
+
+PACKAGES = ("specs", "harness", "sut", "profiling")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module an import names (`from a.b import c` may name module a.b.c or a.b)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            deps |= {found for target in targets if (found := _resolve(target, modules))}
+        deps.discard(name)
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}  # a submodule's own package
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in graph[node]:
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_runtime_uses_only_the_spec_layer_and_leaf_modules_of_harness() -> None:
+    graph = import_graph()
+    leaves = {m for m, deps in graph.items() if m.startswith("harness.") and not deps}
+    assert {"harness.errors", "harness.atomic_io"} <= leaves
+    wrong = {m: sorted(d for d in deps if d.split(".")[0] == "harness" and d not in leaves)
+             for m, deps in graph.items() if m.split(".")[0] in ("sut", "profiling", "specs")}
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_the_spec_layer_does_not_import_the_runtime() -> None:
+    graph = import_graph()
+    wrong = {m: sorted(d for d in deps if d.split(".")[0] in ("sut", "profiling"))
+             for m, deps in graph.items() if m.split(".")[0] == "specs"}
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_the_checker_sees_a_cycle() -> None:
+    """The cycle finder itself: a two-module loop and a self-contained chain."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
