@@ -335,6 +335,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     import mlperf_loadgen as lg
 
     from sut.handoff import load_handoff
+    from sut.loadgen_handles import loadgen_handles
     from sut.system_under_test import SystemUnderTest
 
     test_settings = apply_to_loadgen(settings, user_conf)
@@ -370,16 +371,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
     audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
     # Tracers wrap only the test (and the SUT's workers, so they can follow them); none without --profile.
-    with profile.measuring(runtime) if profile is not None else contextlib.nullcontext():
-        sut.start()
-        lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
-        qsl = lg.ConstructQSL(total, perf_count, load_samples, unload_samples)
+    with profile.measuring(runtime) if profile is not None else contextlib.nullcontext(), \
+            loadgen_handles(sut, total, perf_count, load_samples, unload_samples) as (lg_sut, qsl):
         started = time.perf_counter()
         try:
             lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
         finally:
             elapsed = time.perf_counter() - started
-            sut.stop()
-            lg.DestroyQSL(qsl)
-            lg.DestroyFastSUT(lg_sut)
     return sut.failure, elapsed

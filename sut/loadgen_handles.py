@@ -1,0 +1,30 @@
+"""LoadGen's handles owned by context managers: a constructed SUT and QSL are destroyed however the
+block ends (an exception, a failed test), and the SUT's workers are stopped before either goes."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+
+@contextmanager
+def loadgen_handles(sut: Any, total: int, performance_count: int,
+                    load: Callable[[Sequence[int]], None],
+                    unload: Callable[[Sequence[int]], None]) -> Iterator[tuple[Any, Any]]:
+    """(LoadGen SUT, QSL) for one test over `sut` (a sut.system_under_test.SystemUnderTest, started
+    here and stopped on the way out)."""
+    import mlperf_loadgen as lg
+
+    sut.start()
+    try:
+        lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
+        try:
+            qsl = lg.ConstructQSL(total, performance_count, load, unload)
+            try:
+                yield lg_sut, qsl
+            finally:
+                sut.stop()  # workers first: nothing may complete against a destroyed handle
+                lg.DestroyQSL(qsl)
+        finally:
+            lg.DestroyFastSUT(lg_sut)
+    finally:
+        sut.stop()  # idempotent: covers a failure before the QSL existed
