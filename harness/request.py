@@ -2,10 +2,11 @@
 (`to_json`/`from_json`) is the only form that crosses a process boundary (see harness.launcher)."""
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from harness.errors import UserError
 from harness.settings import MODES, SCENARIOS
@@ -82,3 +83,60 @@ class RunRequest:
         known = {f.name for f in fields(cls)}
         data: dict[str, Any] = {k: v for k, v in envelope["request"].items() if k in known}
         return cls(**data)
+
+
+# ---- the run-request flags, declared once: `mlharness run` takes them all, `mlharness submission run`
+# the ones that apply to a submission; `request_fields` turns parsed flags into RunRequest fields.
+
+# flag -> (RunRequest field, argparse keyword arguments). Order is the order of `--help`.
+REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--dataset": ("dataset", {"help": "dataset manifest name or path (default: the model's)"}),
+    "--backend": ("backend", {"help": "backend name (default: the model manifest's framework)"}),
+    "--software": ("software", {"help": "software manifest (default: the one named after the backend)"}),
+    "--hardware": ("hardware", {"default": "cpu", "help": "hardware manifest (default: cpu)"}),
+    "--reference": ("reference", {"help": "reference log to compare with (default: found by model/dataset/backend)"}),
+    "--quick": ("quick", {"action": "store_true", "help": "short smoke-run preset (scenarios/quick.yaml)"}),
+    "--preset": ("presets", {"action": "append", "help": "extra scenario preset from scenarios/ (repeatable)"}),
+    "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),
+    "--results-dir": ("results_dir", {"default": "results", "help": "results tree root (default: results)"}),
+    "--set": ("overrides", {"action": "append", "metavar": "KEY=VALUE", "help": "override a setting (repeatable)"}),
+    "--timeout": ("timeout", {"type": float, "default": DEFAULT_RUN_TIMEOUT, "metavar": "SECONDS",
+                              "help": f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})"}),
+}
+
+
+def add_request_arguments(parser: argparse.ArgumentParser, flags: Iterable[str] | None = None,
+                          help_text: dict[str, str] | None = None) -> None:
+    """Add the run-request flags (all, or those named in `flags`); `help_text` replaces a flag's help
+    where a command means something more specific by it."""
+    chosen = list(REQUEST_FLAGS) if flags is None else list(flags)
+    unknown = [flag for flag in chosen if flag not in REQUEST_FLAGS]
+    if unknown:
+        raise ValueError(f"not run-request flags: {', '.join(unknown)}")
+    for flag in chosen:
+        kwargs = dict(REQUEST_FLAGS[flag][1])
+        if help_text and flag in help_text:
+            kwargs["help"] = help_text[flag]
+        parser.add_argument(flag, **kwargs)
+
+
+def request_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunRequest fields set by whichever run-request flags this parser declared."""
+    fields: dict[str, Any] = {}
+    for flag, (field, _) in REQUEST_FLAGS.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if field in ("presets", "overrides"):
+            value = list(value or [])
+        elif field in ("user_conf", "results_dir"):
+            value = Path(value) if value else None
+        fields[field] = value
+    return fields
+
+
+def request_from_args(args: argparse.Namespace, **fixed: Any) -> "RunRequest":
+    """A RunRequest from the parsed run-request flags plus what the command decides itself
+    (model, scenario, mode, profile, command); validated when built."""
+    return RunRequest(**(request_fields(args) | fixed))

@@ -6,20 +6,16 @@ import shlex
 import sys
 from pathlib import Path
 
+from harness.request import add_request_arguments, request_from_args
 from harness.errors import UserError
-from harness.request import DEFAULT_RUN_TIMEOUT
 from harness.settings import MODES, SCENARIOS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness import RunRequest, run
+    from harness import run
 
-    request = RunRequest(
-        model=args.model, scenario=args.scenario, mode=args.mode, dataset=args.dataset, backend=args.backend,
-        software=args.software, hardware=args.hardware, reference=args.reference, quick=args.quick,
-        presets=args.preset or [], user_conf=Path(args.user_conf) if args.user_conf else None,
-        results_dir=Path(args.results_dir), overrides=args.set or [],
-        profile=_profile_levels(args.profile), timeout=args.timeout,
+    request = request_from_args(
+        args, model=args.model, scenario=args.scenario, mode=args.mode, profile=_profile_levels(args.profile),
         command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
     tests = []
     if getattr(args, "compliance", None):
@@ -134,22 +130,11 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a model under LoadGen in one scenario and mode")
     run.add_argument("model", help="model manifest name (under specs/models) or path")
-    run.add_argument("--dataset", help="dataset manifest name or path (default: the model's)")
     run.add_argument("--scenario", required=True, choices=SCENARIOS)
     run.add_argument("--mode", default="performance", choices=MODES)
-    run.add_argument("--backend", help="backend name (default: the model manifest's framework)")
-    run.add_argument("--software", help="software manifest (default: the one named after the backend)")
-    run.add_argument("--hardware", default="cpu", help="hardware manifest (default: cpu)")
-    run.add_argument("--reference", help="reference log to compare with (default: found by model/dataset/backend)")
-    run.add_argument("--quick", action="store_true", help="short smoke-run preset (scenarios/quick.yaml)")
-    run.add_argument("--preset", action="append", help="extra scenario preset from scenarios/ (repeatable)")
-    run.add_argument("--user-conf", help="LoadGen user.conf (model.Scenario.key = value)")
-    run.add_argument("--results-dir", default="results", help="results tree root (default: results)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
+    add_request_arguments(run)
     run.add_argument("--profile", metavar="LEVELS",
                      help="profile the test: a comma list of harness,model,framework,python,system, or full")
-    run.add_argument("--timeout", type=float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
-                     help=f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})")
     run.add_argument("--compliance", metavar="TESTS",
                      help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
     run.set_defaults(func=cmd_run)

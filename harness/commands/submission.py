@@ -5,7 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.request import REQUEST_FLAGS, add_request_arguments, request_fields
 from harness.settings import SCENARIOS
+
+# The run-request flags a submission session takes (its runs' timeout, software and reference are its own).
+SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick")
+SESSION_REQUEST_FIELDS = tuple(REQUEST_FLAGS[flag][0] for flag in SESSION_FLAGS)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -58,13 +63,11 @@ def _print_report(report, base: Path) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.submission.session import SessionOptions, run_session
 
+    fields = request_fields(args)
     options = SessionOptions(
         model=args.model, scenarios=_split(args.scenarios), division=args.division,
         compliance=_split([args.compliance]) if args.compliance is not None else None,
-        results_dir=Path(args.results_dir), backend=args.backend, dataset=args.dataset, hardware=args.hardware,
-        user_conf=Path(args.user_conf) if args.user_conf else None, overrides=args.set or [],
-        presets=args.preset or [], quick=args.quick, restart=args.restart,
-        redo=_split(args.redo))
+        **{name: fields[name] for name in SESSION_REQUEST_FIELDS}, restart=args.restart, redo=_split(args.redo))
     return run_session(options)
 
 
@@ -108,14 +111,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--division", default="open", choices=("open", "closed"),
                      help="closed also runs the benchmark's compliance tests (default: open)")
     run.add_argument("--compliance", help="compliance tests to run (default: none for open, the benchmark's for closed)")
-    run.add_argument("--results-dir", default="results")
-    run.add_argument("--backend")
-    run.add_argument("--dataset")
-    run.add_argument("--hardware", default="cpu")
-    run.add_argument("--user-conf", help="LoadGen user.conf (e.g. target_qps); protected keys make runs invalid")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE")
-    run.add_argument("--preset", action="append")
-    run.add_argument("--quick", action="store_true", help="short runs (not submission-grade) to try the flow")
+    add_request_arguments(run, SESSION_FLAGS, help_text={
+        "--user-conf": "LoadGen user.conf (e.g. target_qps); protected keys make runs invalid",
+        "--quick": "short runs (not submission-grade) to try the flow"})
     run.add_argument("--restart", action="store_true", help="ignore finished steps and run everything again")
     run.add_argument("--redo", action="append", metavar="STEP",
                      help="run a finished step again, e.g. SingleStream/performance or Offline/TEST01 (or a whole "
