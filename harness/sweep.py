@@ -8,7 +8,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -68,9 +68,8 @@ def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
                 raise UserError(f"--set {item!r}: expected key=value")
             overrides[key.strip()] = value.strip()
         quick = cell.quick if options.quick is None else options.quick
-        cells.append(Cell(model=cell.model, backend=cell.backend, scenario=cell.scenario, mode=cell.mode,
-                          quick=quick, presets=cell.presets, profile=cell.profile,
-                          overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items()))))
+        cells.append(Cell(replace(cell.request, quick=quick,
+                                  overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())))))
     return cells
 
 
@@ -111,14 +110,11 @@ def _clock(seconds: float) -> str:
 
 
 def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Run one cell through the launcher (a fresh process with the sweep's timeout; the record goes
-    to the sweep's database from here); returns {status, run_id, error, stderr}."""
+    """Submit the cell's RunRequest to the launcher (a fresh process with the sweep's timeout and
+    results dir; the record goes to the sweep's database from here); returns {status, run_id, error, stderr}."""
     from harness.launcher import LocalLauncher
-    from harness.request import RunRequest
 
-    request = RunRequest(model=cell.model, scenario=cell.scenario, mode=cell.mode, backend=cell.backend,
-                         quick=cell.quick, presets=cell.presets, results_dir=results_dir.resolve(),
-                         overrides=cell.overrides, profile=cell.profile, timeout=timeout_s)
+    request = cell.request_for(results_dir.resolve(), timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:
         output = Path(tmp) / "output"
         outcome = LocalLauncher(db_path=db_path.resolve(), output=output).submit(request)
@@ -229,7 +225,8 @@ def best_configurations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def best_table(rows: list[dict[str, Any]]) -> str:
     table = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
               e["cell"].setting("intra_op_threads"),
-              " ".join(o for o in e["cell"].overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))),
+              " ".join([f"{k}={v}" for k, v in e["cell"].manifests().items()]
+                       + [o for o in e["cell"].overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))]),
               e["metric"].partition(".")[2], e["median"], len(e["values"])) for e in best_configurations(rows)]
     if not table:
         return "no successful cells: no best configuration"

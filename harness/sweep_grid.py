@@ -1,46 +1,68 @@
 """A sweep grid (YAML): its validation and its expansion into cells.
 
-A cell is one run configuration: model x backend x scenario x batch size x thread count x any
-other setting. Its key is a hash of what it runs, so a resumed or edited grid finds the cells it
-already ran."""
+A cell is one run configuration, a RunRequest: model x backend x dataset x hardware x software x
+scenario x batch size x thread count x any other setting (the sweep supplies its results dir and
+timeout, and runs it once per repeat index). Its key is a hash of what it runs, so a resumed or
+edited grid finds the cells it already ran."""
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.request import RunRequest
 from harness.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
 from specs.validation import load_yaml
 
 GRID_SCHEMA_VERSION = 1
-GRID_KEYS = frozenset({"schema_version", "name", "description", "models", "backends", "scenarios", "mode",
-                       "batch_sizes", "threads", "settings", "set", "quick", "presets", "repeat", "timeout",
-                       "exclude", "profile"})
-MODEL_KEYS = frozenset({"name", "backends", "set"})
+GRID_KEYS = frozenset({"schema_version", "name", "description", "models", "backends", "datasets", "hardware",
+                       "software", "scenarios", "mode", "batch_sizes", "threads", "settings", "set", "quick",
+                       "presets", "user_conf", "repeat", "timeout", "exclude", "profile"})
+MODEL_KEYS = frozenset({"name", "backends", "datasets", "set"})
 # Axis names usable in `exclude` entries besides setting keys.
-CELL_FIELDS = ("model", "backend", "scenario")
+CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario")
+# What a cell's key hashes: these request fields always (the key of every grid before the manifest
+# axes existed), and dataset, hardware, software and user_conf only when not their default, so a
+# cell that does not use them keeps its key and a resumed sweep still finds its finished cells.
+KEY_FIELDS = ("model", "backend", "scenario", "mode", "quick", "presets", "overrides", "profile")
+OPTIONAL_KEY_FIELDS = {"dataset": None, "hardware": "cpu", "software": None, "user_conf": None}
 DEFAULT_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
 class Cell:
-    model: str
-    backend: str | None  # None: the model manifest's own framework
-    scenario: str
-    mode: str = "performance"
-    quick: bool = False
-    presets: tuple[str, ...] = ()
-    overrides: tuple[str, ...] = ()  # "key=value", sorted by key
-    profile: tuple[str, ...] = ()
+    """One configuration of a sweep: the RunRequest it submits, less the sweep's results dir and
+    timeout (`request_for`). The sweep runs it once per repeat index."""
+    request: RunRequest
+
+    @classmethod
+    def of(cls, **fields: Any) -> "Cell":
+        return cls(RunRequest(**fields))
+
+    # The request's fields the sweep's tables, exclude rules and reports read.
+    model = property(lambda self: self.request.model)
+    backend = property(lambda self: self.request.backend)  # None: the model manifest's own framework
+    dataset = property(lambda self: self.request.dataset)  # None: the model manifest's own dataset
+    hardware = property(lambda self: self.request.hardware)
+    software = property(lambda self: self.request.software)  # None: the one named after the backend
+    scenario = property(lambda self: self.request.scenario)
+    mode = property(lambda self: self.request.mode)
+    quick = property(lambda self: self.request.quick)
+    presets = property(lambda self: self.request.presets)
+    overrides = property(lambda self: self.request.overrides)  # "key=value", sorted by key
+    profile = property(lambda self: self.request.profile)
 
     @property
     def key(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
+        text = json.dumps(self.params(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def request_for(self, results_dir: Path, timeout_s: float) -> RunRequest:
+        return replace(self.request, results_dir=results_dir, timeout=timeout_s)
 
     def setting(self, key: str) -> str | None:
         for item in self.overrides:
@@ -49,18 +71,33 @@ class Cell:
                 return value
         return None
 
+    def manifests(self) -> dict[str, str]:
+        """The dataset, hardware, software and user.conf this cell sets to other than their default."""
+        found = {}
+        for name, default in OPTIONAL_KEY_FIELDS.items():
+            value = getattr(self.request, name)
+            if value != default:
+                found[name] = str(value)
+        return found
+
     def label(self) -> str:
         parts = [f"{self.model}/{self.backend or 'default'}/{self.scenario}"]
+        parts += [f"{name}={value}" for name, value in self.manifests().items()]
         parts += [item for item in self.overrides]
         return " ".join(parts)
 
     def params(self) -> dict[str, Any]:
-        return asdict(self)
+        """What the cell runs, as stored in sweep_cells.params_json and hashed into its key."""
+        params: dict[str, Any] = {}
+        for name in KEY_FIELDS:
+            value = getattr(self.request, name)
+            params[name] = list(value) if isinstance(value, tuple) else value
+        return params | self.manifests()
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "Cell":
-        return cls(**{**params, "presets": tuple(params.get("presets", ())),
-                      "overrides": tuple(params.get("overrides", ())), "profile": tuple(params.get("profile", ()))})
+        known = set(KEY_FIELDS) | set(OPTIONAL_KEY_FIELDS)
+        return cls.of(**{k: v for k, v in params.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -118,7 +155,8 @@ def _scoped_for(settings: dict[str, Any], scenario: str) -> dict[str, str]:
     return merged
 
 
-def _models(doc: dict[str, Any], where: str, backends: list[Any]) -> list[tuple[str, list[Any], dict[str, Any]]]:
+def _models(doc: dict[str, Any], where: str, backends: list[Any],
+            datasets: list[Any]) -> list[tuple[str, list[Any], list[Any], dict[str, Any]]]:
     found = []
     for i, entry in enumerate(_list(doc, "models", where, [])):
         at = f"{where}: models[{i}]"
@@ -126,13 +164,38 @@ def _models(doc: dict[str, Any], where: str, backends: list[Any]) -> list[tuple[
             entry = {"name": entry}
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             hint = " (quote \"null\": YAML reads a bare null as nothing)" if entry is None else ""
-            raise UserError(f"{at}: expected a model name or {{name, backends, set}}{hint}")
+            raise UserError(f"{at}: expected a model name or {{name, backends, datasets, set}}{hint}")
         unknown = set(entry) - MODEL_KEYS
         if unknown:
             raise UserError(f"{at}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(MODEL_KEYS))})")
         model_backends = _list(entry, "backends", at, backends) if "backends" in entry else backends
-        found.append((entry["name"], model_backends, _settings_mapping(entry.get("set"), f"{at}: set")))
+        model_datasets = _manifest_axis(entry, "datasets", at, "dataset") if "datasets" in entry else datasets
+        found.append((entry["name"], model_backends, model_datasets, _settings_mapping(entry.get("set"), f"{at}: set")))
     return found
+
+
+def _manifest_axis(doc: dict[str, Any], key: str, where: str, kind: str) -> list[str | None]:
+    """A datasets, hardware or software axis: manifest names or paths, or 'default' (None: the model's
+    dataset, the software named after the backend; for hardware, cpu). Every one must exist, so a
+    typo is an error before the first cell runs rather than a failed cell per combination."""
+    from specs.index import default_index
+
+    values: list[str | None] = []
+    index = None
+    for i, value in enumerate(_list(doc, key, where, [])):
+        at = f"{where}: {key}[{i}]"
+        if not isinstance(value, str) or not value:
+            raise UserError(f"{at}: expected a {kind} manifest name or path, or 'default'")
+        if value == "default":
+            values.append("cpu" if kind == "hardware" else None)
+            continue
+        index = index or default_index()
+        try:
+            index.find(kind, value)
+        except UserError as exc:
+            raise UserError(f"{at}: {str(exc).splitlines()[0]}") from None
+        values.append(value)
+    return values
 
 
 def _backend(value: Any, where: str) -> str | None:
@@ -143,7 +206,8 @@ def _backend(value: Any, where: str) -> str | None:
 
 
 def _excluded(cell: Cell, batch: Any, threads: Any, rules: list[dict[str, Any]]) -> bool:
-    values = {"model": cell.model, "backend": cell.backend or "default", "scenario": cell.scenario}
+    values = {"model": cell.model, "backend": cell.backend or "default", "scenario": cell.scenario,
+              "dataset": cell.dataset or "default", "hardware": cell.hardware, "software": cell.software or "default"}
     values.update(dict(item.partition("=")[::2] for item in cell.overrides))
     if batch is not None:
         values["batch_size"] = _text(batch)
@@ -185,16 +249,21 @@ def load_grid(path: Path) -> Grid:
     presets = tuple(str(p) for p in (doc.get("presets") or []))
     profile = tuple(str(p) for p in (doc.get("profile") or []))
     quick = bool(doc.get("quick", False))
+    datasets = _manifest_axis(doc, "datasets", where, "dataset") if "datasets" in doc else [None]
+    hardware_axis = _manifest_axis(doc, "hardware", where, "hardware") if "hardware" in doc else ["cpu"]
+    software_axis = _manifest_axis(doc, "software", where, "software") if "software" in doc else [None]
+    user_conf = _user_conf(doc.get("user_conf"), where)
     cells: list[Cell] = []
-    for model, model_backends, model_set in _models(doc, where, backends):
-        for backend_value, scenario in itertools.product(model_backends, scenarios):
+    for model, model_backends, model_datasets, model_set in _models(doc, where, backends, datasets):
+        for backend_value, dataset, hardware, software, scenario in itertools.product(
+                model_backends, model_datasets, hardware_axis, software_axis, scenarios):
             backend = _backend(backend_value, f"{where}: models: {model}: backends")
             for combo in itertools.product(*(values for _, values in axes)):
                 overrides = _scoped_for(fixed, scenario) | _scoped_for(model_set, scenario)
                 overrides |= {key: _text(value) for (key, _), value in zip(axes, combo)}
-                cell = Cell(model=model, backend=backend, scenario=scenario, mode=mode, quick=quick,
-                            presets=presets, overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())),
-                            profile=profile)
+                cell = Cell.of(model=model, backend=backend, dataset=dataset, hardware=hardware, software=software,
+                               scenario=scenario, mode=mode, quick=quick, presets=presets, user_conf=user_conf,
+                               overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())), profile=profile)
                 if not _excluded(cell, cell.setting("max_batch_size"), cell.setting("intra_op_threads"), exclude):
                     cells.append(cell)
     if not cells:
@@ -202,6 +271,15 @@ def load_grid(path: Path) -> Grid:
     return Grid(path=path, name=str(doc.get("name") or path.stem), cells=_unique(cells),
                 repeat=_positive_int(doc.get("repeat", 1), f"{where}: repeat"),
                 timeout_s=_positive_float(doc.get("timeout", DEFAULT_TIMEOUT_S), f"{where}: timeout"), document=doc)
+
+
+def _user_conf(value: Any, where: str) -> str | None:
+    """A LoadGen user.conf for every cell (a path, relative to the current folder as for `mlharness run`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not Path(value).is_file():
+        raise UserError(f"{where}: user_conf: expected a user.conf file, got {value!r}")
+    return value
 
 
 def _axes(doc: dict[str, Any], where: str) -> list[tuple[str, list[Any]]]:
