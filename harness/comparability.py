@@ -4,27 +4,28 @@ As pyperf refuses to merge runs from different CPUs or Pythons, a gate refuses t
 whose hardware or framework stack differ, unless told to."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+
+from harness.run_record import RunRecord
 
 # Fields of the detected system that change performance; hostname and memory size do not count.
 SYSTEM_FIELDS = ("cpu_model", "logical_cpus", "cpus_available", "machine", "gpus")
 
 
-def fingerprint(record: Mapping[str, Any]) -> dict[str, Any]:
+def fingerprint(record: RunRecord) -> dict[str, Any]:
     """System fields, the device, and the versions of the packages the run's software manifest declares."""
-    system = record.get("system") or {}
-    software = record.get("software") or {}
-    versions = software.get("versions") or {}
+    system = record.system_description
+    versions = record.software_versions
     found: dict[str, Any] = {f"system.{k}": system.get(k) for k in SYSTEM_FIELDS}
-    found["hardware.device"] = (record.get("hardware") or {}).get("device")
-    for dist, version in sorted((software.get("checked") or {}).items()):
+    found["hardware.device"] = (record.hardware or {}).get("device")
+    for dist, version in sorted(((record.software or {}).get("checked") or {}).items()):
         found[f"software.{dist}"] = version
     if "mlcommons-loadgen" in versions:
         found["software.mlcommons-loadgen"] = versions["mlcommons-loadgen"]
     return found
 
 
-def differences(first: Mapping[str, Any], second: Mapping[str, Any]) -> list[str]:
+def differences(first: RunRecord, second: RunRecord) -> list[str]:
     """Human-readable differences between two records' fingerprints, empty when comparable."""
     a, b = fingerprint(first), fingerprint(second)
     return [f"{key}: {a.get(key)!r} vs {b.get(key)!r}" for key in sorted(set(a) | set(b))

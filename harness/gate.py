@@ -14,8 +14,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness import comparability, record_metrics
+from harness import comparability
 from harness.errors import UserError, require
+from harness.run_record import RunRecord
 
 _RULE = re.compile(r"^(?P<figure>[A-Za-z0-9_.]+):(?P<sign>[+-])(?P<limit>\d+(?:\.\d+)?)(?P<unit>%|pt)?$")
 DEFAULT_ALPHA = 0.05
@@ -56,12 +57,12 @@ def parse_rule(text: str) -> Rule:
 
 
 # What can make two runs "the same configuration"; --match picks a subset.
-MATCH_FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "model": lambda r: str((r.get("model") or {}).get("name")),
-    "backend": lambda r: str(r.get("backend")),
-    "scenario": lambda r: str(r.get("scenario")),
-    "mode": lambda r: str(r.get("mode")),
-    "settings": lambda r: " ".join(f"{k}={v}" for k, v in sorted(((r.get("settings") or {}).get("harness") or {}).items())),
+MATCH_FIELDS: dict[str, Callable[[RunRecord], str]] = {
+    "model": lambda r: str(r.model_name),
+    "backend": lambda r: str(r.backend),
+    "scenario": lambda r: str(r.scenario),
+    "mode": lambda r: str(r.mode),
+    "settings": lambda r: " ".join(f"{k}={v}" for k, v in sorted(r.harness_settings.items())),
 }
 DEFAULT_MATCH = ("model", "backend", "scenario", "settings")
 
@@ -74,7 +75,7 @@ def parse_match(text: str) -> tuple[str, ...]:
     return fields
 
 
-def config_key(record: dict[str, Any], match: tuple[str, ...] = DEFAULT_MATCH) -> str:
+def config_key(record: RunRecord, match: tuple[str, ...] = DEFAULT_MATCH) -> str:
     """What must be equal for two runs to be compared: the --match fields."""
     parts = [MATCH_FIELDS[f](record) for f in match]
     return " ".join(p for p in parts if p) or "all runs"
@@ -172,22 +173,19 @@ def _check(rule: Rule, config: str, baseline: list[float], candidate: list[float
     return check
 
 
-def _groups(records: list[dict[str, Any]], match: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _groups(records: list[RunRecord], match: tuple[str, ...]) -> dict[str, list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(config_key(record, match), []).append(record)
     return groups
 
 
-def _loadgen_differences(base: list[dict[str, Any]], cand: list[dict[str, Any]]) -> list[str]:
-    def settings(record: dict[str, Any]) -> dict[str, str]:
-        return dict((record.get("settings") or {}).get("loadgen") or {})
-
-    a, b = settings(base[0]), settings(cand[0])
+def _loadgen_differences(base: list[RunRecord], cand: list[RunRecord]) -> list[str]:
+    a, b = base[0].loadgen_settings, cand[0].loadgen_settings
     return [f"{k}: {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def evaluate(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], rules: list[Rule], *,
+def evaluate(baseline: list[RunRecord], candidate: list[RunRecord], rules: list[Rule], *,
              allow_different_systems: bool = False, test: str = "mannwhitney", alpha: float = DEFAULT_ALPHA,
              match: tuple[str, ...] = DEFAULT_MATCH) -> GateResult:
     """Apply every rule to every configuration both sides ran; failed candidate runs fail the gate."""
@@ -197,17 +195,17 @@ def evaluate(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], ru
         raise UserError("--rule: give at least one rule, e.g. --rule offline.samples_per_second:-5%")
     warnings: list[str] = []
     checks: list[Check] = []
-    dropped = [r["run_id"] for r in baseline if r.get("status") != "ok"]
+    dropped = [r.run_id for r in baseline if not r.is_ok]
     if dropped:
         warnings.append(f"baseline runs not ok, left out: {', '.join(dropped)}")
-    baseline = [r for r in baseline if r.get("status") == "ok"]
+    baseline = [r for r in baseline if r.is_ok]
     if not baseline:
         raise UserError("--baseline: no successful run among the baseline runs")
     for record in candidate:
-        if record.get("status") != "ok":
+        if not record.is_ok:
             checks.append(Check(Rule("run status", "status", "-", 0, ""), config_key(record, match), "error",
-                                message=f"candidate run {record['run_id']} {record.get('status')}: {record.get('error')}"))
-    candidate = [r for r in candidate if r.get("status") == "ok"]
+                                message=f"candidate run {record.run_id} {record.status}: {record.error}"))
+    candidate = [r for r in candidate if r.is_ok]
     _check_systems(baseline, candidate, allow_different_systems, warnings)
     base_groups, cand_groups = _groups(baseline, match), _groups(candidate, match)
     for config in sorted(set(cand_groups) - set(base_groups)):
@@ -216,7 +214,7 @@ def evaluate(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], ru
         differ = _loadgen_differences(base_groups[config], cand_groups[config])
         if differ:
             warnings.append(f"{config}: LoadGen settings differ between baseline and candidate: {'; '.join(differ)}")
-    figures = {key: ([record_metrics.flatten(r) for r in base_groups[key]], [record_metrics.flatten(r) for r in runs])
+    figures = {key: ([r.figures() for r in base_groups[key]], [r.figures() for r in runs])
                for key, runs in cand_groups.items() if key in base_groups}
     for rule in rules:
         matched = False
@@ -229,18 +227,18 @@ def evaluate(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], ru
         if not matched:
             checks.append(Check(rule, "-", "missing", message=f"no configuration has {rule.figure} on both sides "
                                                               "(check the figure name and the runs' scenario and mode)"))
-    return GateResult(checks, [r["run_id"] for r in baseline], [r["run_id"] for r in candidate], warnings,
+    return GateResult(checks, [r.run_id for r in baseline], [r.run_id for r in candidate], warnings,
                       comparability.fingerprint(baseline[0]))
 
 
-def _check_systems(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], allow: bool,
+def _check_systems(baseline: list[RunRecord], candidate: list[RunRecord], allow: bool,
                    warnings: list[str]) -> None:
     reference = baseline[0]
     for record in baseline[1:] + candidate:
         diffs = comparability.differences(reference, record)
         if not diffs:
             continue
-        text = f"runs {reference['run_id']} and {record['run_id']} differ: {'; '.join(diffs)}"
+        text = f"runs {reference.run_id} and {record.run_id} differ: {'; '.join(diffs)}"
         if not allow:
             raise UserError(f"refusing to compare: {text} (pass --allow-different-systems to compare anyway)")
         warnings.append(f"compared across systems: {text}")

@@ -8,35 +8,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from harness.errors import UserError
-from harness.result_store import ResultStore, RunFilter, load_record_file
-from harness.run_record import migrate_record
+from harness.result_store import ResultStore, RunFilter
+from harness.run_record import RunRecord
 
 QUERY_KEYS = frozenset({"model", "scenario", "backend", "mode", "status", "sweep", "system", "n"})
 
 
-def _records_below(folder: Path) -> list[dict[str, Any]]:
+def _records_below(folder: Path) -> list[RunRecord]:
     """Every run.json below the folder (a damaged one is an error), and any other JSON file that
     holds a run record (a saved `results show --json`); each checked and migrated by RunRecord."""
     found = []
     for path in sorted(folder.rglob("*.json")):
         if path.name == "run.json":
-            found.append(load_record_file(path))
+            found.append(RunRecord.load(path))
             continue
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(data, dict) and isinstance(data.get("run_id"), str) and "scenario" in data:
-            found.append(migrate_record(data, str(path)))
+            found.append(RunRecord.from_json_dict(data, str(path)))
     if not found:
         raise UserError(f"{folder}: no run records (run.json) below this folder")
     return found
 
 
-def _query(store: ResultStore, text: str, ref: str) -> list[dict[str, Any]]:
+def _query(store: ResultStore, text: str, ref: str) -> list[RunRecord]:
     terms: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
@@ -52,28 +51,29 @@ def _query(store: ResultStore, text: str, ref: str) -> list[dict[str, Any]]:
     flt = RunFilter(model=terms.get("model"), scenario=terms.get("scenario"), backend=terms.get("backend"),
                     mode=terms.get("mode"), status=terms.get("status", "ok"), sweep=terms.get("sweep"),
                     system=terms.get("system"))
-    records = store.records(flt, limit=count)
+    records = store.run_records(flt, limit=count)
     if not records:
         raise UserError(f"{ref!r}: no run in {store.path} matches")
     return records
 
 
-def _sweep(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
+def _sweep(store: ResultStore, sweep_id: str) -> list[RunRecord]:
     from harness.sweep import sweep_rows
 
-    records = [row["record"] for row in sweep_rows(store, sweep_id) if row["record"] is not None]
+    # sweep_rows gives each cell's stored record dict, already migrated by the store.
+    records = [RunRecord.from_dict(row["record"]) for row in sweep_rows(store, sweep_id) if row["record"] is not None]
     if not records:
         raise UserError(f"sweep:{sweep_id}: the sweep has no recorded runs")
     return records
 
 
-def resolve(ref: str, db_path: Path) -> list[dict[str, Any]]:
+def resolve(ref: str, db_path: Path) -> list[RunRecord]:
     """The run records one REF names."""
     path = Path(ref)
     if path.is_dir():
         return _records_below(path)
     if path.is_file():
-        return [load_record_file(path)]
+        return [RunRecord.load(path)]
     if ref.endswith(".json"):
         raise UserError(f"{ref}: no such run record file")
     if not db_path.exists():
@@ -83,13 +83,13 @@ def resolve(ref: str, db_path: Path) -> list[dict[str, Any]]:
             return _query(store, ref[len("latest:"):], ref)
         if ref.startswith("sweep:"):
             return _sweep(store, ref[len("sweep:"):])
-        return [store.get_run(ref)]
+        return [store.get_record(ref)]
 
 
-def resolve_all(refs: list[str], db_path: Path) -> list[dict[str, Any]]:
+def resolve_all(refs: list[str], db_path: Path) -> list[RunRecord]:
     """Records of several REFs, each run once even when two REFs name it."""
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, RunRecord] = {}
     for ref in refs:
         for record in resolve(ref, db_path):
-            seen.setdefault(record["run_id"], record)
+            seen.setdefault(record.run_id, record)
     return list(seen.values())

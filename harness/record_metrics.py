@@ -30,18 +30,23 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def flatten(record: Mapping[str, Any]) -> dict[str, float]:
-    """Every numeric performance, accuracy and cold-start figure of a record (a RunRecord dict)."""
+def _part(record: Any, name: str) -> Any:
+    """A top-level field of a RunRecord or of its dict (this leaf module imports no RunRecord)."""
+    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+
+
+def flatten(record: Any) -> dict[str, float]:
+    """Every numeric performance, accuracy and cold-start figure of a record (a RunRecord or its dict)."""
     figures: dict[str, float] = {}
-    scenario = str(record.get("scenario") or "unknown").lower()
-    for key, value in (record.get("performance") or {}).items():
+    scenario = str(_part(record, "scenario") or "unknown").lower()
+    for key, value in (_part(record, "performance") or {}).items():
         if key not in ("raw", "metric") and (number := _number(value)) is not None:
             figures[f"{scenario}.{key}"] = number
-    accuracy = record.get("accuracy") or {}
+    accuracy = _part(record, "accuracy") or {}
     for key, value in (accuracy.get("values") or {}).items():
         if (number := _number(value)) is not None:
             figures[f"accuracy.{key}"] = number
-    cold_start = record.get("cold_start") or {}
+    cold_start = _part(record, "cold_start") or {}
     for key, value in cold_start.items():  # the warm-up is a setting, not a figure: left out
         if (number := _number(value)) is not None:
             figures[f"coldstart.{key}"] = number
@@ -60,9 +65,9 @@ def higher_is_better(name: str) -> bool:
     return True
 
 
-def headline(record: Mapping[str, Any]) -> tuple[str, float | None]:
+def headline(record: Any) -> tuple[str, float | None]:
     """(figure name, value) of the scenario's headline metric, value None when the run has none."""
-    scenario = str(record.get("scenario") or "")
+    scenario = str(_part(record, "scenario") or "")
     key, _ = HEADLINE.get(scenario, ("samples_per_second", True))
     name = f"{scenario.lower()}.{key}"
     return name, flatten(record).get(name)

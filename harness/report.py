@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness import record_metrics
 from harness.atomic_io import write_bytes, write_text
+from harness.run_record import RunRecord
 from harness.tables import format_value
 
 PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
@@ -49,48 +49,44 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _label(record: dict[str, Any]) -> str:
-    harness_settings = (record.get("settings") or {}).get("harness") or {}
-    extra = " ".join(f"{k}={v}" for k, v in sorted(harness_settings.items()))
-    return f"{(record.get('model') or {}).get('name')}/{record.get('backend')} {extra}".strip()
+def _label(record: RunRecord) -> str:
+    extra = " ".join(f"{k}={v}" for k, v in sorted(record.harness_settings.items()))
+    return f"{record.model_name}/{record.backend} {extra}".strip()
 
 
-def _batch(record: dict[str, Any]) -> int | None:
-    value = ((record.get("settings") or {}).get("harness") or {}).get("max_batch_size")
-    return int(value) if value is not None else None
+def _batch(record: RunRecord) -> int | None:
+    return record.batch_size
 
 
-def _threads(record: dict[str, Any]) -> int | None:
-    harness_settings = (record.get("settings") or {}).get("harness") or {}
-    value = harness_settings.get("intra_op_threads", (record.get("backend_info") or {}).get("intra_op_threads"))
-    return int(value) if value is not None else None
+def _threads(record: RunRecord) -> int | None:
+    return record.threads
 
 
-def _throughput(record: dict[str, Any]) -> float | None:
-    perf = record.get("performance") or {}
+def _throughput(record: RunRecord) -> float | None:
+    perf = record.performance or {}
     for key in THROUGHPUT_KEYS:
         if isinstance(perf.get(key), (int, float)):
             return float(perf[key])
     return None
 
 
-def _by_scenario(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_scenario(records: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = {}
     for record in records:
-        groups.setdefault(str(record.get("scenario")), []).append(record)
+        groups.setdefault(str(record.scenario), []).append(record)
     return groups
 
 
 # ---- plots -------------------------------------------------------------------------------------
 
 
-def latency_plots(records: list[dict[str, Any]]) -> list[Plot]:
+def latency_plots(records: list[RunRecord]) -> list[Plot]:
     """Per scenario: each configuration's latency percentile curve (LoadGen's summary percentiles)."""
     plots = []
     for scenario, runs in sorted(_by_scenario(records).items()):
         curves: dict[str, list[tuple[float, float]]] = {}
         for record in runs:
-            perf = record.get("performance") or {}
+            perf = record.performance or {}
             points = [(perf[key] / 1e6, pct) for key, pct in PERCENTILE_KEYS if isinstance(perf.get(key), (int, float))]
             if points:
                 curves.setdefault(_label(record), points)  # one curve per configuration: the first (newest) run
@@ -112,8 +108,8 @@ def latency_plots(records: list[dict[str, Any]]) -> list[Plot]:
     return plots
 
 
-def _axis_plot(records: list[dict[str, Any]], axis: str, getter: Callable[[dict[str, Any]], int | None],
-               other: Callable[[dict[str, Any]], Any], other_name: str) -> list[Plot]:
+def _axis_plot(records: list[RunRecord], axis: str, getter: Callable[[RunRecord], int | None],
+               other: Callable[[RunRecord], Any], other_name: str) -> list[Plot]:
     plots = []
     for scenario, runs in sorted(_by_scenario(records).items()):
         series: dict[str, dict[int, list[float]]] = {}
@@ -121,7 +117,7 @@ def _axis_plot(records: list[dict[str, Any]], axis: str, getter: Callable[[dict[
             x, y = getter(record), _throughput(record)
             if x is None or y is None:
                 continue
-            key = f"{(record.get('model') or {}).get('name')}/{record.get('backend')} {other_name}={other(record)}"
+            key = f"{record.model_name}/{record.backend} {other_name}={other(record)}"
             series.setdefault(key, {}).setdefault(x, []).append(y)
         if not any(len(points) >= 2 for points in series.values()):
             continue
@@ -145,18 +141,18 @@ def _axis_plot(records: list[dict[str, Any]], axis: str, getter: Callable[[dict[
     return plots
 
 
-def throughput_plots(records: list[dict[str, Any]]) -> list[Plot]:
+def throughput_plots(records: list[RunRecord]) -> list[Plot]:
     return (_axis_plot(records, "batch size", _batch, _threads, "threads")
             + _axis_plot(records, "threads", _threads, _batch, "batch"))
 
 
-def accuracy_plots(records: list[dict[str, Any]]) -> list[Plot]:
+def accuracy_plots(records: list[RunRecord]) -> list[Plot]:
     """Accuracy figures per model and backend (the newest run of each)."""
     values: dict[str, dict[str, float]] = {}
     for record in records:
-        figures = {k: v for k, v in record_metrics.flatten(record).items() if k.startswith("accuracy.")}
+        figures = {k: v for k, v in record.figures().items() if k.startswith("accuracy.")}
         if figures:
-            values.setdefault(f"{(record.get('model') or {}).get('name')}/{record.get('backend')}", figures)
+            values.setdefault(f"{record.model_name}/{record.backend}", figures)
     if not values:
         return []
     names = sorted({name for figures in values.values() for name in figures})
@@ -188,11 +184,11 @@ def _stage_times(profile: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def _operator_times(record: dict[str, Any]) -> list[tuple[str, float]]:
+def _operator_times(record: RunRecord) -> list[tuple[str, float]]:
     """Top operators by self time (ms): from profile/summary.json when it is still there, else run.json."""
-    profile = record.get("profile") or {}
+    profile = record.profile or {}
     top: Any = profile.get("top_operators") or []
-    summary_file = Path(str(record.get("results_path") or "")) / str(profile.get("dir") or "profile") / "summary.json"
+    summary_file = Path(str(record.results_path or "")) / str(profile.get("dir") or "profile") / "summary.json"
     try:
         top = json.loads(summary_file.read_text()).get("operators", {}).get("top") or top
     except (OSError, ValueError, AttributeError):
@@ -207,11 +203,11 @@ def _operator_times(record: dict[str, Any]) -> list[tuple[str, float]]:
     return rows[:15]
 
 
-def profile_plots(records: list[dict[str, Any]]) -> list[Plot]:
+def profile_plots(records: list[RunRecord]) -> list[Plot]:
     """Per profiled run: median time per stage, and the top operators by self time."""
     plots = []
     for record in records:
-        profile = record.get("profile")
+        profile = record.profile
         if not isinstance(profile, dict):
             continue
         stages, operators = _stage_times(profile), _operator_times(record)
@@ -229,13 +225,13 @@ def profile_plots(records: list[dict[str, Any]]) -> list[Plot]:
                 xlabel += ", log scale"
             ax.set_xlabel(xlabel)
             ax.tick_params(axis="y", labelsize=7)
-        fig.suptitle(f"{_label(record)} {record.get('scenario')}: profile")
-        plots.append(Plot(f"profile-{record['run_id']}.png", f"Profile of {record['run_id']}",
+        fig.suptitle(f"{_label(record)} {record.scenario}: profile")
+        plots.append(Plot(f"profile-{record.run_id}.png", f"Profile of {record.run_id}",
                           "Per-stage median latency and the operators with the most self time.", _png(fig)))
     return plots
 
 
-PLOTS: list[Callable[[list[dict[str, Any]]], list[Plot]]] = [latency_plots, throughput_plots, accuracy_plots,
+PLOTS: list[Callable[[list[RunRecord]], list[Plot]]] = [latency_plots, throughput_plots, accuracy_plots,
                                                              profile_plots]
 
 
@@ -248,27 +244,26 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _runs_table(records: list[dict[str, Any]]) -> str:
+def _runs_table(records: list[RunRecord]) -> str:
     rows = []
     for r in records:
-        name, value = record_metrics.headline(r)
-        rows.append((r["run_id"], (r.get("model") or {}).get("name"), r.get("backend"), r.get("scenario"), r.get("mode"),
-                     _batch(r), _threads(r), r.get("status"), name.partition(".")[2], value,
-                     (r.get("performance") or {}).get("result"), r.get("error")))
+        name, value = r.headline()
+        rows.append((r.run_id, r.model_name, r.backend, r.scenario, r.mode, r.batch_size, r.threads, r.status,
+                     name.partition(".")[2], value, r.loadgen_result, r.error))
     return _table(("run id", "model", "backend", "scenario", "mode", "batch", "threads", "status", "metric", "value",
                    "LoadGen", "error"), rows)
 
 
-def _cold_start_table(records: list[dict[str, Any]]) -> str | None:
+def _cold_start_table(records: list[RunRecord]) -> str | None:
     """Per run: artifact resolution, model load, first inference, the warm-up and peak memory; None when
     no run recorded them (records from before cold start was measured)."""
     rows = []
     for r in records:
-        cold = r.get("cold_start") or {}
+        cold = r.cold_start or {}
         if not cold:
             continue
         warmup, device = cold.get("warmup") or {}, cold.get("device_memory") or {}
-        rows.append((r["run_id"], cold.get("resolve_seconds"), cold.get("enumerate_seconds"),
+        rows.append((r.run_id, cold.get("resolve_seconds"), cold.get("enumerate_seconds"),
                      cold.get("compile_seconds"), cold.get("load_seconds"),
                      _scaled(cold.get("first_inference_seconds"), 1e3), warmup.get("queries"), warmup.get("batch_size"),
                      warmup.get("seconds"), _scaled(cold.get("peak_rss_bytes"), 2**-20),
@@ -288,7 +283,7 @@ _STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#2
           "th{background:#f0f0f0}img{max-width:100%;border:1px solid #ddd}figure{margin:1.5em 0}")
 
 
-def write_report(records: list[dict[str, Any]], out_dir: Path, title: str,
+def write_report(records: list[RunRecord], out_dir: Path, title: str,
                  extra_sections: list[tuple[str, str]] = ()) -> Path:
     """Write index.html and its PNGs to out_dir; returns the HTML path."""
     out_dir = Path(out_dir)
@@ -312,15 +307,16 @@ def write_report(records: list[dict[str, Any]], out_dir: Path, title: str,
 
 
 def run_report(store: Any, run_id: str, out_dir: Path) -> Path:
-    record = store.get_run(run_id)
-    return write_report([record], out_dir, f"mlharness run {record['run_id']}")
+    record = store.get_record(run_id)
+    return write_report([record], out_dir, f"mlharness run {record.run_id}")
 
 
 def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
     from harness.sweep import best_configurations, sweep_rows
 
     rows = sweep_rows(store, sweep_id)
-    records = [row["record"] for row in rows if row["record"] is not None]
+    # sweep_rows gives each cell's stored record dict, already migrated by the store.
+    records = [RunRecord.from_dict(row["record"]) for row in rows if row["record"] is not None]
     best = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
              e["cell"].setting("intra_op_threads"), e["metric"].partition(".")[2], e["median"], len(e["values"]))
             for e in best_configurations(rows)]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from harness import record_metrics
 from harness.errors import UserError
+from harness.run_record import RunRecord, migrate_record
 
 DB_FILENAME = "mlharness.sqlite"
 DB_ENV = "MLHARNESS_DB"
@@ -64,12 +64,13 @@ CREATE TABLE sweep_cells (
 """
 
 
-def _batch_and_threads(record: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    harness_settings = (record.get("settings") or {}).get("harness") or {}
-    backend_info = record.get("backend_info") or {}
-    batch = harness_settings.get("max_batch_size")
-    threads = harness_settings.get("intra_op_threads", backend_info.get("intra_op_threads"))
-    return (int(batch) if batch is not None else None, int(threads) if threads is not None else None)
+def _batch_and_threads(record: RunRecord) -> tuple[int | None, int | None]:
+    return record.batch_size, record.threads
+
+
+def _as_record(data: Mapping[str, Any], where: str) -> RunRecord:
+    """A stored or given record dict as a RunRecord, migrated (migrate_record)."""
+    return RunRecord.from_json_dict(dict(data), where)
 
 
 def _run_script(conn: sqlite3.Connection, script: str) -> None:
@@ -82,7 +83,10 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
 def _migrate_v2(conn: sqlite3.Connection) -> None:
     _run_script(conn, _V2)
     for run_id, text in conn.execute("SELECT run_id, record_json FROM runs").fetchall():
-        batch, threads = _batch_and_threads(json.loads(text))
+        try:
+            batch, threads = _batch_and_threads(_as_record(json.loads(text), f"run {run_id}"))
+        except UserError:  # a record this mlharness cannot read keeps empty columns, not a failed migration
+            batch, threads = None, None
         conn.execute("UPDATE runs SET batch_size = ?, threads = ? WHERE run_id = ?", (batch, threads, run_id))
 
 
@@ -182,24 +186,24 @@ class ResultStore:
 
     # ---- runs ---------------------------------------------------------------------------------
 
-    def add_run(self, record: Mapping[str, Any]) -> None:
-        """Insert or update one run record (a RunRecord dict); its sweep columns are kept."""
-        model, dataset = record.get("model") or {}, record.get("dataset") or {}
-        performance = record.get("performance") or {}
-        metric_name, metric_value = record_metrics.headline(record)
-        batch, threads = _batch_and_threads(record)
+    def add_run(self, record: RunRecord | Mapping[str, Any]) -> None:
+        """Insert or update one run record (a RunRecord or its dict, migrated first); its sweep columns
+        are kept. A dict is stored as given (fields this version does not know included)."""
+        data = record.to_dict() if isinstance(record, RunRecord) else migrate_record(dict(record), "run record")
+        run = RunRecord.from_dict(data)
+        metric_name, metric_value = run.headline()
+        batch, threads = _batch_and_threads(run)
         row = {
-            "run_id": record["run_id"], "started_at": record.get("started_at"),
-            "finished_at": record.get("finished_at"), "status": record.get("status") or "unknown",
-            "error": record.get("error"), "model": model.get("name"), "model_version": model.get("version"),
-            "model_sha256": model.get("sha256"), "dataset": dataset.get("name"),
-            "dataset_sha256": dataset.get("sha256"), "backend": record.get("backend"),
-            "scenario": record.get("scenario"), "mode": record.get("mode"),
-            "system_name": record.get("system_name"), "results_path": record.get("results_path"),
+            "run_id": run.run_id, "started_at": run.started_at, "finished_at": run.finished_at,
+            "status": run.status or "unknown", "error": run.error, "model": run.model_name,
+            "model_version": (run.model or {}).get("version"), "model_sha256": (run.model or {}).get("sha256"),
+            "dataset": (run.dataset or {}).get("name"), "dataset_sha256": (run.dataset or {}).get("sha256"),
+            "backend": run.backend, "scenario": run.scenario, "mode": run.mode,
+            "system_name": run.system_name, "results_path": run.results_path,
             "metric_name": metric_name, "metric_value": metric_value,
-            "result_valid": int(bool(performance.get("valid"))) if performance else None,
-            "record_schema_version": record.get("schema_version"),
-            "record_json": json.dumps(record, default=str, sort_keys=True),
+            "result_valid": None if run.valid is None else int(run.valid),
+            "record_schema_version": run.schema_version,
+            "record_json": json.dumps(data, default=str, sort_keys=True),
             "batch_size": batch, "threads": threads,
         }
         columns = ", ".join(row)
@@ -207,12 +211,13 @@ class ResultStore:
         with self._transaction():
             self.conn.execute(f"INSERT INTO runs ({columns}) VALUES ({', '.join('?' * len(row))}) "
                               f"ON CONFLICT (run_id) DO UPDATE SET {updates}", list(row.values()))
-            self.conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (record["run_id"],))
+            self.conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (run.run_id,))
             self.conn.executemany("INSERT INTO run_metrics (run_id, name, value) VALUES (?, ?, ?)",
-                                  [(record["run_id"], k, v) for k, v in record_metrics.flatten(record).items()])
+                                  [(run.run_id, k, v) for k, v in run.figures().items()])
 
     def get_run(self, run_id: str) -> dict[str, Any]:
-        """The full record of a run by id or a unique id prefix."""
+        """The full record dict of a run by id or a unique id prefix, migrated to this version (fields
+        it does not know kept, so it can be written back); get_record for the RunRecord."""
         rows = self.conn.execute("SELECT run_id, record_json FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' "
                                  "ORDER BY run_id LIMIT 3", (run_id, _like_prefix(run_id))).fetchall()
         exact = [r for r in rows if r["run_id"] == run_id]
@@ -223,7 +228,14 @@ class ResultStore:
         if len(rows) > 1:
             raise UserError(f"{self.path}: run id prefix {run_id!r} is ambiguous "
                             f"({', '.join(r['run_id'] for r in rows)}, ...)")
-        return json.loads(rows[0]["record_json"])
+        return self._stored(rows[0])
+
+    def get_record(self, run_id: str) -> RunRecord:
+        """The RunRecord of a run by id or a unique id prefix."""
+        return RunRecord.from_dict(self.get_run(run_id))
+
+    def _stored(self, row: sqlite3.Row) -> dict[str, Any]:
+        return migrate_record(json.loads(row["record_json"]), f"{self.path}: run {row['run_id']}")
 
     def list_runs(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[sqlite3.Row]:
         """Index rows, newest first."""
@@ -234,7 +246,12 @@ class ResultStore:
         return self.conn.execute(sql, params).fetchall()
 
     def records(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[dict[str, Any]]:
-        return [json.loads(row["record_json"]) for row in self.list_runs(flt, limit)]
+        """Full record dicts of the matching runs, newest first, each migrated as get_run's."""
+        return [self._stored(row) for row in self.list_runs(flt, limit)]
+
+    def run_records(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[RunRecord]:
+        """RunRecords of the matching runs, newest first."""
+        return [RunRecord.from_dict(data) for data in self.records(flt, limit)]
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         rows = self.conn.execute("SELECT name, value FROM run_metrics WHERE run_id = ?", (run_id,))

@@ -8,12 +8,25 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import record_metrics
 from harness.errors import UserError
 
+# What a record measured. A LoadGen test (every run so far) has a scenario, LoadGen settings and a
+# LoadGen summary; later kinds (layer benchmarks, LLM token runs) will not, so a reader that needs
+# LoadGen's fields checks `is_loadgen` and skips, with a reason, a record of another kind.
+LOADGEN = "loadgen"
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 added `kind`; every version-1 record was a LoadGen test."""
+    data.setdefault("kind", LOADGEN)
+    return data
+
+
 # MIGRATIONS[n] takes a version n + 1 record (a run.json dict) to version n + 2, as the results
-# database migrates (harness.result_store); version 1 is the first, so there is none yet. Older
-# records are migrated forward when read, newer ones are refused rather than guessed at.
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
+# database migrates (harness.result_store). Older records are migrated forward when read, newer
+# ones are refused rather than guessed at.
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2]
 RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 
@@ -37,6 +50,7 @@ class RunRecord:
     scenario: str
     mode: str
     schema_version: int = RUN_SCHEMA_VERSION
+    kind: str = LOADGEN  # what the record measured (LOADGEN); readers of LoadGen fields skip other kinds
     status: str = "running"  # running -> ok | failed
     error: str | None = None
     error_traceback: str | None = None  # where the traceback of a failure that is not a user's mistake was kept
@@ -65,8 +79,110 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunRecord":
+        # Keys this version does not know are dropped: a reader that writes a record back writes the
+        # dict it read (migrate_record keeps them), never a RunRecord's to_dict.
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    # ---- typed accessors: what readers need, without digging in the nested dicts --------------
+
+    @property
+    def is_ok(self) -> bool:
+        """The run finished (LoadGen may still have judged it INVALID)."""
+        return self.status == "ok"
+
+    @property
+    def is_loadgen(self) -> bool:
+        """A LoadGen test: settings, performance and accuracy have LoadGen's shape."""
+        return self.kind == LOADGEN
+
+    @property
+    def model_name(self) -> str | None:
+        """The model manifest's name."""
+        return (self.model or {}).get("name")
+
+    @property
+    def harness_settings(self) -> dict[str, Any]:
+        """The harness keys the run used (max_batch_size, workers, ...)."""
+        return dict((self.settings or {}).get("harness") or {})
+
+    @property
+    def loadgen_settings(self) -> dict[str, Any]:
+        """The LoadGen keys written to the run's user.conf."""
+        return dict((self.settings or {}).get("loadgen") or {})
+
+    def harness_setting(self, key: str, default: Any = None) -> Any:
+        """One harness key's value, `default` when the run did not record it."""
+        return self.harness_settings.get(key, default)
+
+    def loadgen_setting(self, key: str, default: Any = None) -> Any:
+        """One LoadGen key's value, `default` when the run's user.conf did not set it."""
+        return self.loadgen_settings.get(key, default)
+
+    def setting_origin(self, key: str) -> str | None:
+        """The settings layer that set a key (model, measured, a preset, user.conf, --set), None if unknown."""
+        return ((self.settings or {}).get("origin") or {}).get(key)
+
+    @property
+    def setting_origins(self) -> dict[str, str]:
+        """Every key's settings layer."""
+        return dict((self.settings or {}).get("origin") or {})
+
+    @property
+    def batch_size(self) -> int | None:
+        """The largest batch the workers formed (max_batch_size)."""
+        value = self.harness_setting("max_batch_size")
+        return int(value) if value is not None else None
+
+    @property
+    def threads(self) -> int | None:
+        """intra_op_threads as set, else as the backend reported it."""
+        value = self.harness_setting("intra_op_threads", (self.backend_info or {}).get("intra_op_threads"))
+        return int(value) if value is not None else None
+
+    @property
+    def loadgen_result(self) -> str | None:
+        """LoadGen's verdict string (VALID, INVALID), None without a performance summary."""
+        return (self.performance or {}).get("result")
+
+    @property
+    def valid(self) -> bool | None:
+        """LoadGen's VALID/INVALID as a bool, None without a performance summary."""
+        return bool(self.performance.get("valid")) if self.performance else None
+
+    @property
+    def accuracy_values(self) -> dict[str, Any]:
+        """The accuracy metric's values (top1, ...), empty when accuracy was not measured."""
+        return dict((self.accuracy or {}).get("values") or {})
+
+    @property
+    def accuracy_verdict(self) -> str | None:
+        """PASS/FAIL against the reference log, None without one."""
+        return (self.accuracy or {}).get("verdict")
+
+    @property
+    def software_versions(self) -> dict[str, str]:
+        """Installed versions of the packages that matter (frameworks, LoadGen)."""
+        return dict((self.software or {}).get("versions") or {})
+
+    @property
+    def system_description(self) -> dict[str, Any]:
+        """The detected system (CPU model, cores, GPUs, ...)."""
+        return dict(self.system or {})
+
+    def manifest_refs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(specs folder, identity) of every manifest the run named: model, dataset, hardware, software, reference."""
+        refs = [("models", self.model), ("datasets", self.dataset), ("hardware", self.hardware),
+                ("software", (self.software or {}).get("manifest")), ("references", self.reference)]
+        return [(kind, ref) for kind, ref in refs if ref]
+
+    def figures(self) -> dict[str, float]:
+        """Every named numeric figure (harness.record_metrics.flatten)."""
+        return record_metrics.flatten(self)
+
+    def headline(self) -> tuple[str, float | None]:
+        """(figure name, value) of the scenario's headline metric (harness.record_metrics.headline)."""
+        return record_metrics.headline(self)
 
     @classmethod
     def from_json_dict(cls, data: Any, where: str) -> "RunRecord":
@@ -104,6 +220,9 @@ def migrate_record(data: Any, where: str) -> dict[str, Any]:
             raise UserError(f"{where}: {name}: missing (every run record has one)")
     if not isinstance(data["run_id"], str):
         raise UserError(f"{where}: run_id: expected a run id string, got {data['run_id']!r}")
+    if not isinstance(data.get("kind"), str) or not data["kind"]:
+        raise UserError(f"{where}: kind: expected what the record measured (e.g. {LOADGEN!r}), "
+                        f"got {data.get('kind')!r}")
     return data
 
 

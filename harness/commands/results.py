@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.settings import SCENARIOS
+
+if TYPE_CHECKING:
+    from harness.run_record import RunRecord
 
 
 def add_db_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,73 +43,72 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(record: dict[str, Any], figures: dict[str, float]) -> str:
+def describe(record: RunRecord, figures: dict[str, float]) -> str:
     """A run record as readable lines: identity, stack, settings, figures, accuracy, profile."""
     def ident(part: dict[str, Any] | None) -> str:
         part = part or {}
         return f"{part.get('name')} {part.get('version')} (sha256 {str(part.get('sha256'))[:12]})"
 
-    software = record.get("software") or {}
-    settings = record.get("settings") or {}
+    settings = record.settings or {}
     lines = [
-        f"run {record['run_id']}: {record.get('status')}",
-        f"  started/finished : {record.get('started_at')} / {record.get('finished_at')}",
-        f"  model            : {ident(record.get('model'))}",
-        f"  dataset          : {ident(record.get('dataset'))}",
-        f"  backend          : {record.get('backend')}  scenario {record.get('scenario')}  mode {record.get('mode')}",
-        f"  software         : {ident(software.get('manifest'))}  "
-        + ", ".join(f"{k}={v}" for k, v in (software.get("versions") or {}).items()),
-        f"  hardware         : {ident(record.get('hardware'))}",
-        f"  system           : {record.get('system_name')}  "
-        + ", ".join(f"{k}={v}" for k, v in (record.get("system") or {}).items() if k != "hostname"),
+        f"run {record.run_id}: {record.status}",
+        f"  started/finished : {record.started_at} / {record.finished_at}",
+        f"  model            : {ident(record.model)}",
+        f"  dataset          : {ident(record.dataset)}",
+        f"  backend          : {record.backend}  scenario {record.scenario}  mode {record.mode}",
+        f"  software         : {ident((record.software or {}).get('manifest'))}  "
+        + ", ".join(f"{k}={v}" for k, v in record.software_versions.items()),
+        f"  hardware         : {ident(record.hardware)}",
+        f"  system           : {record.system_name}  "
+        + ", ".join(f"{k}={v}" for k, v in record.system_description.items() if k != "hostname"),
         f"  loadgen settings : {settings.get('loadgen')}",
         f"  harness settings : {settings.get('harness')}",
-        f"  command          : {record.get('command')}",
-        f"  results          : {record.get('results_path')}",
+        f"  command          : {record.command}",
+        f"  results          : {record.results_path}",
     ]
-    if record.get("error"):
-        lines.append(f"  error            : {record['error']}")
-    perf = record.get("performance") or {}
-    if perf:
-        lines.append(f"  LoadGen result   : {perf.get('result')}")
+    if not record.is_loadgen:
+        lines.insert(1, f"  kind             : {record.kind}")
+    if record.error:
+        lines.append(f"  error            : {record.error}")
+    if record.performance:
+        lines.append(f"  LoadGen result   : {record.loadgen_result}")
     for name, value in sorted(figures.items()):
         lines.append(f"  {name:<40} {value:g}")
-    accuracy = record.get("accuracy") or {}
-    if accuracy.get("verdict"):
-        lines.append(f"  reference        : {accuracy['verdict']}")
-    profile = record.get("profile")
+    if record.accuracy_verdict:
+        lines.append(f"  reference        : {record.accuracy_verdict}")
+    profile = record.profile
     if isinstance(profile, dict) and profile:
         lines.append(f"  profile          : {', '.join(sorted(profile))}")
     return "\n".join(lines)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from harness import record_metrics
+    from harness.run_record import RunRecord
 
     with open_store(args) as store:
-        record = store.get_run(args.run_id)
+        data = store.get_run(args.run_id)  # the stored dict: --json prints every field, known or not
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps(data, indent=2))
     else:
-        print(describe(record, record_metrics.flatten(record)))
+        record = RunRecord.from_dict(data)
+        print(describe(record, record.figures()))
     return 0
 
 
-def _flat_settings(record: dict[str, Any]) -> dict[str, Any]:
-    settings = record.get("settings") or {}
-    found = {f"loadgen.{k}": v for k, v in (settings.get("loadgen") or {}).items()}
-    found.update({f"harness.{k}": v for k, v in (settings.get("harness") or {}).items()})
+def _flat_settings(record: RunRecord) -> dict[str, Any]:
+    found = {f"loadgen.{k}": v for k, v in record.loadgen_settings.items()}
+    found.update({f"harness.{k}": v for k, v in record.harness_settings.items()})
     for part in ("model", "dataset", "hardware"):
-        found[f"{part}.sha256"] = (record.get(part) or {}).get("sha256")
-    found["software.manifest.sha256"] = ((record.get("software") or {}).get("manifest") or {}).get("sha256")
+        found[f"{part}.sha256"] = (getattr(record, part) or {}).get("sha256")
+    found["software.manifest.sha256"] = ((record.software or {}).get("manifest") or {}).get("sha256")
     return found
 
 
-def compare_text(first: dict[str, Any], second: dict[str, Any]) -> str:
+def compare_text(first: RunRecord, second: RunRecord) -> str:
     from harness import comparability, record_metrics
     from harness.tables import format_table
 
-    a, b = record_metrics.flatten(first), record_metrics.flatten(second)
+    a, b = first.figures(), second.figures()
     rows = []
     for name in sorted(set(a) | set(b)):
         change = None
@@ -114,11 +116,9 @@ def compare_text(first: dict[str, Any], second: dict[str, Any]) -> str:
             change = f"{100.0 * (b[name] - a[name]) / abs(a[name]):+.2f}%"
         better = "higher" if record_metrics.higher_is_better(name) else "lower"
         rows.append((name, a.get(name), b.get(name), change, better))
-    out = [f"A = {first['run_id']} ({first.get('model', {}).get('name')}, {first.get('backend')}, "
-           f"{first.get('scenario')}, {first.get('status')})",
-           f"B = {second['run_id']} ({second.get('model', {}).get('name')}, {second.get('backend')}, "
-           f"{second.get('scenario')}, {second.get('status')})", "",
-           format_table(("figure", "A", "B", "B vs A", "better"), rows)]
+    out = [f"{label} = {r.run_id} ({r.model_name}, {r.backend}, {r.scenario}, {r.status})"
+           for label, r in (("A", first), ("B", second))]
+    out += ["", format_table(("figure", "A", "B", "B vs A", "better"), rows)]
     sa, sb = _flat_settings(first), _flat_settings(second)
     setting_rows = [(k, sa.get(k), sb.get(k)) for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
     if setting_rows:
@@ -131,7 +131,7 @@ def compare_text(first: dict[str, Any], second: dict[str, Any]) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        first, second = store.get_run(args.first), store.get_run(args.second)
+        first, second = store.get_record(args.first), store.get_record(args.second)
     print(compare_text(first, second))
     return 0
 
