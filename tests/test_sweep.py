@@ -8,10 +8,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.errors import UserError
+from harness.loadgen_logs import parse_summary
 from harness.result_store import ResultStore
-from harness.sweep_grid import load_grid
+from harness.sweep_grid import Cell, load_grid
 from tests.support import REPO, run_cli, write_manifest
 
 FLAKY_MODEL = """\
@@ -153,6 +155,11 @@ def test_example_grid_expands_to_its_eight_cells() -> None:
     ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "unknown setting 'max_batch'"),
     ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1"),
     ("models: [m]\nscenarios: [Offline]\nexclude: [{model: m}]\n", "no cells"),
+    ("models: [m]\nscenarios: [Offline]\nhardware: [cpu, gpu9]\n", "hardware[1]: no hardware manifest named 'gpu9'"),
+    ("models: [m]\nscenarios: [Offline]\ndatasets: [nope]\n", "datasets[0]: no dataset manifest named 'nope'"),
+    ("models: [m]\nscenarios: [Offline]\nsoftware: [default, 3]\n", "software[1]: expected a software manifest"),
+    ("models: [{name: m, datasets: [nope]}]\nscenarios: [Offline]\n", "models[0]: datasets[0]: no dataset"),
+    ("models: [m]\nscenarios: [Offline]\nuser_conf: no.conf\n", "user_conf: expected a user.conf file"),
 ])
 def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -180,3 +187,130 @@ def test_grid_axes_and_exclude(tmp_path: Path) -> None:
     assert all(c.setting("target_latency") == "0.01" for c in ss)
     assert all(c.setting("target_latency") is None for c in cells if c.scenario == "Offline")
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_legacy_cells_keep_their_keys() -> None:
+    """Cells that use none of the manifest axes hash as before they existed, so resumed sweeps match."""
+    grid = load_grid(REPO / "scenarios" / "sweep-example.yaml")
+    keys = {c.label(): c.key for c in grid.cells}
+    assert keys["resnet50-light/default/Offline max_batch_size=1"] == "fc51d80f4566aff4"
+    assert keys["null/default/SingleStream max_batch_size=8 target_latency=0.01"] == "acf4acbec6da9bad"
+    for cell in grid.cells:
+        assert set(cell.params()) == {"model", "backend", "scenario", "mode", "quick", "presets", "overrides",
+                                      "profile"}
+        assert Cell.from_params(json.loads(json.dumps(cell.params()))) == cell
+
+
+def test_manifest_axes_cross_with_the_others_and_can_be_excluded(tmp_path: Path) -> None:
+    path = write_grid(tmp_path / "g.yaml", """\
+        models:
+          - resnet50-light
+          - {name: mobilenet-v2, datasets: [default, synthetic-images]}
+        backends: [default, "null"]
+        hardware: [cpu, cuda0]
+        software: [default]
+        scenarios: [Offline]
+        exclude: [{backend: "null", hardware: cuda0}, {dataset: synthetic-images, hardware: cuda0}]
+        """)
+    cells = load_grid(path).cells
+    # resnet50-light: 2 backends x 2 hardware - 1; mobilenet-v2: 2 backends x 2 datasets x 2 hardware - 3
+    assert len(cells) == 3 + 5 and len({c.key for c in cells}) == len(cells)
+    assert {c.label() for c in cells if c.hardware == "cuda0"} == {
+        "resnet50-light/default/Offline hardware=cuda0", "mobilenet-v2/default/Offline hardware=cuda0"}
+    (cell,) = [c for c in cells if c.dataset and c.backend is None]
+    assert cell.params()["dataset"] == "synthetic-images" and "hardware" not in cell.params()
+    request = cell.request_for(tmp_path / "r", 60.0)
+    assert (request.model, request.dataset, request.hardware, request.results_dir, request.timeout) == (
+        "mobilenet-v2", "synthetic-images", "cpu", tmp_path / "r", 60.0)
+
+
+def null_part_of_example_grid(tmp_path: Path) -> Path:
+    """scenarios/sweep-example.yaml as shipped, less resnet50-light (its cells take a minute on 2 cores)."""
+    doc = yaml.safe_load((REPO / "scenarios" / "sweep-example.yaml").read_text())
+    doc["models"] = [m for m in doc["models"] if isinstance(m, dict) and m["name"] == "null"]
+    path = tmp_path / "example-null.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_every_cell_leaves_its_own_folder_with_its_own_logs(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    assert run_cli("sweep", null_part_of_example_grid(tmp_path), "--results-dir", results, "--quick") == 0
+    capsys.readouterr()
+    with ResultStore(results / "mlharness.sqlite") as store:
+        cells = store.sweep_cells("sweep-example")
+        assert len(cells) == 4 and all(c["status"] == "ok" for c in cells)
+        paths = set()
+        for row in cells:
+            cell = Cell.from_params(json.loads(row["params_json"]))
+            (db_row,) = [r for r in store.list_runs() if r["run_id"] == row["run_id"]]
+            record = store.get_run(row["run_id"])
+            folder = Path(db_row["results_path"])
+            paths.add(folder)
+            # <Scenario>/runs/<run id>/, holding that run's record and LoadGen logs
+            assert (folder.parent.name, folder.name, folder.parent.parent.name) == ("runs", row["run_id"],
+                                                                                    cell.scenario)
+            assert json.loads((folder / "run.json").read_text())["run_id"] == row["run_id"]
+            summary = parse_summary(folder / "performance" / "run_1" / "mlperf_log_summary.txt")
+            performance = {k: v for k, v in record["performance"].items() if k != "wall_seconds"}
+            assert summary == performance and summary["scenario"] == cell.scenario
+            assert str(record["settings"]["harness"]["max_batch_size"]) == cell.setting("max_batch_size")
+        assert len(paths) == 4
+
+
+HARDWARE_1T = """\
+    kind: hardware
+    name: cpu-1t
+    version: 1.0.0
+    description: The host CPU, one thread per operator.
+    device: cpu
+    intra_op_threads: 1
+    inter_op_threads: 1
+    """
+
+
+def test_a_grid_varies_hardware_manifests(tmp_path: Path, specs_copy: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(specs_copy / "hardware", "cpu-1t.yaml", HARDWARE_1T)
+    grid = write_grid(tmp_path / "hw.yaml", """\
+        name: hw
+        quick: true
+        models: ["null"]
+        hardware: [cpu, cpu-1t]
+        scenarios: [Offline]
+        set: {target_qps: 20000}
+        """)
+    cells = load_grid(grid).cells
+    assert [c.hardware for c in cells] == ["cpu", "cpu-1t"]
+    # The cpu cell is the cell of the same grid without the axis: a resumed sweep still finds it.
+    plain = load_grid(write_grid(tmp_path / "plain.yaml", "models: ['null']\nquick: true\nscenarios: [Offline]\n"
+                                                          "set: {target_qps: 20000}\n")).cells
+    assert cells[0].key == plain[0].key and cells[1].key != plain[0].key
+    results = tmp_path / "results"
+    assert run_cli("sweep", grid, "--results-dir", results) == 0
+    assert "hardware=cpu-1t" in capsys.readouterr().err
+    with ResultStore(results / "mlharness.sqlite") as store:
+        rows = store.sweep_cells("hw")
+        assert [r["status"] for r in rows] == ["ok", "ok"]
+        by_hardware = {json.loads(r["params_json"]).get("hardware", "cpu"): store.get_run(r["run_id"]) for r in rows}
+    assert {name: record["hardware"]["name"] for name, record in by_hardware.items()} == {
+        "cpu": "cpu", "cpu-1t": "cpu-1t"}
+    assert Path(by_hardware["cpu-1t"]["hardware"]["path"]) == specs_copy / "hardware" / "cpu-1t.yaml"
+
+
+def test_a_missing_hardware_manifest_stops_the_sweep_before_it_runs(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    grid = write_grid(tmp_path / "hw.yaml", """\
+        quick: true
+        models: ["null"]
+        hardware: [cpu, no-such-hardware]
+        scenarios: [Offline]
+        set: {target_qps: 20000}
+        """)
+    results = tmp_path / "results"
+    assert run_cli("sweep", grid, "--results-dir", results) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlharness: error: ") and "\n" not in err
+    assert f"{grid}: hardware[1]: no hardware manifest named 'no-such-hardware'" in err
+    assert not results.exists()  # nothing ran, nothing was recorded
