@@ -3,7 +3,8 @@
 The tree is built in a staging folder beside the output and moved into place when complete, so
 an interrupted or refused packaging leaves nothing half written. Runs that LoadGen marked INVALID
 or that overrode protected settings (durations, seeds, sample counts) are refused unless
-allow_invalid, which marks the tree NOT_FOR_SUBMISSION."""
+allow_invalid, which marks the tree NOT_FOR_SUBMISSION. Records of another kind than a LoadGen
+test are left out by the collection (harness.submission.runs), their reasons kept in provenance.json."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +18,7 @@ from typing import Any
 from harness.atomic_io import write_json, write_text
 from harness.errors import UserError
 from harness.loadgen_logs import parse_summary
+from harness.run_record import RunRecord
 from harness.settings import PROTECTED_KEYS, Settings
 from harness.submission import accuracy_txt, system_json
 from harness.submission.layout import SubmitterTree
@@ -61,17 +63,18 @@ class PackageResult:
     tree: SubmitterTree
     not_for_submission: list[str]
     undetected_fields: list[str]
+    skipped: list[str] = field(default_factory=list)  # records left out (not LoadGen tests), with why
 
 
-def overridden(record: dict[str, Any] | None) -> list[str]:
+def overridden(record: RunRecord | None) -> list[str]:
     """Protected LoadGen keys a run set itself (any layer above LoadGen's mlperf.conf)."""
-    loadgen = ((record or {}).get("settings") or {}).get("loadgen") or {}
+    loadgen = record.loadgen_settings if record else {}
     return sorted(k for k in loadgen if k in PROTECTED_KEYS)
 
 
-def _benchmark_of(record: dict[str, Any] | None) -> str | None:
+def _benchmark_of(record: RunRecord | None) -> str | None:
     """The model manifest's mlperf_benchmark, mapped to the official name."""
-    path = ((record or {}).get("model") or {}).get("path")
+    path = (record.model or {}).get("path") if record else None
     if not path or not Path(path).is_file():
         return None
     from specs.manifests import load_manifest
@@ -92,14 +95,13 @@ def run_problems(runs: ScenarioRuns) -> list[str]:
     for kind, record in (("performance", runs.performance), ("accuracy", runs.accuracy)):
         keys = overridden(record)
         if keys:
-            problems.append(f"{where}: {kind} run {record['run_id']} overrode protected settings "
+            problems.append(f"{where}: {kind} run {record.run_id} overrode protected settings "
                             f"{', '.join(keys)} (layers: {', '.join(_origins(record, keys))})")
     return problems
 
 
-def _origins(record: dict[str, Any], keys: list[str]) -> list[str]:
-    origin = (record.get("settings") or {}).get("origin") or {}
-    return sorted({f"{k}<-{origin.get(k, '?')}" for k in keys})
+def _origins(record: RunRecord, keys: list[str]) -> list[str]:
+    return sorted({f"{k}<-{record.setting_origin(k) or '?'}" for k in keys})
 
 
 def _missing_runs(runs: ScenarioRuns) -> list[str]:
@@ -139,7 +141,7 @@ def package(options: PackageOptions) -> PackageResult:
         _move_into_place(staged, final)
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)
-    return PackageResult(final, soft, undetected)
+    return PackageResult(final, soft, undetected, [reason for runs in chosen for reason in runs.skipped])
 
 
 def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOptions, soft: list[str]) -> list[str]:
@@ -163,11 +165,11 @@ def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOpti
     records = [r for runs in chosen for r in (runs.performance, runs.accuracy) if r]
     desc = system_json.describe(
         division=options.division, submitter=options.submitter, system_name=system,
-        detected=(records[0].get("system") if records else {}) or {},
-        software=((records[0].get("software") or {}).get("versions") if records else {}) or {},
-        backends=[r.get("backend", "") for r in records],
-        hardware_refs=[f"{(r.get('hardware') or {}).get('name')}@{(r.get('hardware') or {}).get('version')}"
-                       for r in records], fields=options.system_fields)
+        detected=records[0].system_description if records else {},
+        software=records[0].software_versions if records else {},
+        backends=[r.backend for r in records],
+        hardware_refs=[f"{(r.hardware or {}).get('name')}@{(r.hardware or {}).get('version')}" for r in records],
+        fields=options.system_fields)
     write_json(tree.system_json(system), desc)
     if options.division == "open" and mapping:
         write_json(tree.model_mapping, mapping)
@@ -175,7 +177,7 @@ def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOpti
     write_json(tree.provenance, {
         "schema_version": PROVENANCE_SCHEMA_VERSION, "tool": "mlharness", "division": options.division,
         "submitter": options.submitter, "system": system, "not_for_submission": bool(soft),
-        "reasons": soft, "entries": entries})
+        "reasons": soft, "entries": entries, "skipped": [r for runs in chosen for r in runs.skipped]})
     if soft:
         write_text(tree.marker, "NOT FOR SUBMISSION: packaged with --allow-invalid from runs that are not "
                                 "submission-grade:\n" + "\n".join(f"- {p}" for p in soft) + "\n")
@@ -206,7 +208,7 @@ def _copy_scenario(runs: ScenarioRuns, dest: Path, full_log: Path) -> None:
 
 def _user_conf(runs: ScenarioRuns) -> str:
     """The user.conf the performance run applied (rebuilt from its record), else the tree's copy."""
-    settings = (runs.performance or {}).get("settings")
+    settings = runs.performance.settings if runs.performance else None
     if settings and "conf_model" in settings:
         return Settings(scenario=settings["scenario"], mode=settings.get("mode", "performance"),
                         conf_model=settings["conf_model"], loadgen=dict(settings.get("loadgen") or {}),
@@ -215,36 +217,36 @@ def _user_conf(runs: ScenarioRuns) -> str:
 
 
 def _readme(runs: ScenarioRuns) -> str:
-    perf, acc = runs.performance or {}, runs.accuracy or {}
-    model = perf.get("model") or acc.get("model") or {"name": runs.model}
+    perf, acc = runs.performance, runs.accuracy
+    model = (perf and perf.model) or (acc and acc.model) or {"name": runs.model}
     lines = [f"# {model.get('name')} {model.get('version', '')} — {runs.scenario}", ""]
-    lines += [f"Measured with mlharness on {perf.get('system_name') or runs.system}; backend "
-              f"{perf.get('backend') or acc.get('backend', '?')}; model manifest sha256 {model.get('sha256', '?')}.", ""]
+    lines += [f"Measured with mlharness on {(perf and perf.system_name) or runs.system}; backend "
+              f"{(perf and perf.backend) or (acc.backend if acc else '?')}; model manifest sha256 "
+              f"{model.get('sha256', '?')}.", ""]
     for title, record in (("Performance", perf), ("Accuracy", acc)):
         if record:
-            lines += [f"## {title} (run {record['run_id']}, {record.get('started_at', '')})", "",
-                      "Reproduce with:", "", "```", record.get("command") or "(command not recorded)", "```", ""]
+            lines += [f"## {title} (run {record.run_id}, {record.started_at or ''})", "",
+                      "Reproduce with:", "", "```", record.command or "(command not recorded)", "```", ""]
     if runs.compliance:
         lines += ["## Compliance", ""]
-        command = perf.get("command") or "mlharness run ..."
+        command = (perf and perf.command) or "mlharness run ..."
         tests = ",".join(runs.compliance)
         lines += [f"- {test}: {o.get('verdict')} (audit run {o.get('run_id')})" for test, o in runs.compliance.items()]
         lines += ["", "Reproduce with:", "", "```",
                   command if "--compliance" in command else f"{command} --compliance {tests}", "```", ""]
-    versions = ((perf or acc).get("software") or {}).get("versions") or {}
+    versions = (perf or acc).software_versions if (perf or acc) else {}
     if versions:
         lines += ["## Software", ""] + [f"- {k} {v}" for k, v in sorted(versions.items())] + [""]
     return "\n".join(lines)
 
 
 def _provenance_entry(runs: ScenarioRuns, folder: str, benchmark: str | None, where: Path) -> dict[str, Any]:
-    def run_info(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    def run_info(record: RunRecord | None) -> dict[str, Any] | None:
         if not record:
             return None
-        return {"run_id": record["run_id"], "mode": record.get("mode"), "status": record.get("status"),
-                "command": record.get("command"), "result": (record.get("performance") or {}).get("result"),
-                "overridden_protected": overridden(record),
-                "settings_origin": (record.get("settings") or {}).get("origin") or {}}
+        return {"run_id": record.run_id, "mode": record.mode, "status": record.status,
+                "command": record.command, "result": record.loadgen_result,
+                "overridden_protected": overridden(record), "settings_origin": record.setting_origins}
     return {"folder": str(where), "model": runs.model, "benchmark": benchmark, "scenario": runs.scenario,
             "source": str(runs.path), "performance": run_info(runs.performance),
             "accuracy": run_info(runs.accuracy), "compliance": runs.compliance}
@@ -269,16 +271,13 @@ def _copy_code(dest: Path, root: Path = CODE_ROOT) -> None:
                                           f"are in the mlharness source tree, not in the installed package.\n")
 
 
-def _copy_sources(tree: SubmitterTree, records: list[dict[str, Any]]) -> None:
+def _copy_sources(tree: SubmitterTree, records: list[RunRecord]) -> None:
     """src/: the harness code that ran and every manifest the runs named (with their hashes)."""
     _copy_code(tree.src / "mlharness")
     manifests: dict[str, dict[str, Any]] = {}
     for record in records:
-        refs = [("models", record.get("model")), ("datasets", record.get("dataset")),
-                ("hardware", record.get("hardware")), ("software", (record.get("software") or {}).get("manifest")),
-                ("references", record.get("reference"))]
-        for kind, ref in refs:
-            if not ref or not ref.get("path") or not Path(ref["path"]).is_file():
+        for kind, ref in record.manifest_refs():
+            if not ref.get("path") or not Path(ref["path"]).is_file():
                 continue
             path = Path(ref["path"])
             target = tree.src / "specs" / kind / path.name

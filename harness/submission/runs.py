@@ -2,7 +2,9 @@
 and the latest ok accuracy run. The files come from the results tree
 (results/<system>/<model>/<Scenario>/); the run records come from, newest first, the steps file
 `submission run` keeps, the results database when it is there, and the scenario's run.json. A run
-pinned with --run whose logs a later run has overwritten is refused, not packaged silently."""
+pinned with --run whose logs a later run has overwritten is refused, not packaged silently. A
+record of another kind than a LoadGen test (a layer benchmark, an LLM token run) is left out with
+the reason in `ScenarioRuns.skipped`."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,7 @@ from typing import Any
 
 from harness.errors import UserError
 from harness.loadgen_logs import parse_summary
-from harness.run_record import read_record_file
+from harness.run_record import LOADGEN, RunRecord
 
 STEPS_FILE = "submission_steps.json"
 PERF_MODES = ("performance", "submission")
@@ -24,9 +26,10 @@ class ScenarioRuns:
     model: str
     scenario: str
     path: Path                       # results/<system>/<model>/<Scenario>
-    performance: dict[str, Any] | None = None
-    accuracy: dict[str, Any] | None = None
+    performance: RunRecord | None = None
+    accuracy: RunRecord | None = None
     compliance: dict[str, Any] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # why records found here were left out
 
     @property
     def system(self) -> str:
@@ -40,7 +43,7 @@ def _read_json(path: Path) -> Any:
         raise UserError(f"{path}: cannot read run record: {exc}") from None
 
 
-def _store_records(results_dir: Path, system: str, model: str, scenario: str) -> list[dict[str, Any]]:
+def _store_records(results_dir: Path, system: str, model: str, scenario: str) -> list[RunRecord]:
     """Ok records from the results database; none when the database (or its module) is absent."""
     try:
         from harness import result_store
@@ -50,35 +53,47 @@ def _store_records(results_dir: Path, system: str, model: str, scenario: str) ->
     if not db.exists():
         return []
     with result_store.ResultStore(db, create=False) as store:
-        return store.records(result_store.RunFilter(model=model, scenario=scenario, system=system, status="ok"))
+        return store.run_records(result_store.RunFilter(model=model, scenario=scenario, system=system, status="ok"))
 
 
-def candidate_records(results_dir: Path, scenario_dir: Path) -> list[dict[str, Any]]:
+def candidate_records(results_dir: Path, scenario_dir: Path, skipped: list[str] | None = None) -> list[RunRecord]:
+    """The ok LoadGen records of a scenario folder, newest first; why any other record found was left
+    out goes into `skipped`."""
     system, model, scenario = scenario_dir.parent.parent.name, scenario_dir.parent.name, scenario_dir.name
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, RunRecord] = {}
     steps = scenario_dir / STEPS_FILE
     if steps.is_file():
-        for record in (_read_json(steps).get("records") or {}).values():
-            found[record["run_id"]] = record
+        for mode, data in (_read_json(steps).get("records") or {}).items():
+            record = RunRecord.from_json_dict(data, f"{steps}: records.{mode}")
+            found[record.run_id] = record
     for record in _store_records(results_dir, system, model, scenario):
-        found.setdefault(record["run_id"], record)
+        found.setdefault(record.run_id, record)
     if (scenario_dir / "run.json").is_file():
-        record = read_record_file(scenario_dir / "run.json")
-        found[record["run_id"]] = record  # the tree's copy carries the latest compliance outcomes
-    return sorted((r for r in found.values() if r.get("status") == "ok"),
-                  key=lambda r: (r.get("started_at") or "", r["run_id"]), reverse=True)
+        record = RunRecord.load(scenario_dir / "run.json")
+        found[record.run_id] = record  # the tree's copy carries the latest compliance outcomes
+    kept = []
+    for record in found.values():
+        if not record.is_ok:
+            continue
+        if not record.is_loadgen:
+            if skipped is not None:
+                skipped.append(f"{scenario_dir}: run {record.run_id} left out: a {record.kind!r} record, not a "
+                               f"{LOADGEN} test (a submission packages LoadGen runs only)")
+            continue
+        kept.append(record)
+    return sorted(kept, key=lambda r: (r.started_at or "", r.run_id), reverse=True)
 
 
-def _latest(records: list[dict[str, Any]], modes: tuple[str, ...]) -> dict[str, Any] | None:
-    return next((r for r in records if r.get("mode") in modes), None)
+def _latest(records: list[RunRecord], modes: tuple[str, ...]) -> RunRecord | None:
+    return next((r for r in records if r.mode in modes), None)
 
 
-def _check_logs_are_from(record: dict[str, Any], scenario_dir: Path) -> None:
+def _check_logs_are_from(record: RunRecord, scenario_dir: Path) -> None:
     """The performance logs in the tree must be the ones this record describes."""
     summary = scenario_dir / "performance" / "run_1" / "mlperf_log_summary.txt"
-    recorded = (record.get("performance") or {}).get("raw")
+    recorded = (record.performance or {}).get("raw")
     if recorded and summary.is_file() and parse_summary(summary)["raw"] != recorded:
-        raise UserError(f"{summary}: run {record['run_id']}'s performance logs were overwritten by a later run; "
+        raise UserError(f"{summary}: run {record.run_id}'s performance logs were overwritten by a later run; "
                         f"package the latest run or rerun it")
 
 
@@ -96,6 +111,7 @@ def collect(results_dir: Path, *, system: str | None = None, models: list[str] |
                         f"pass --results-system")
     chosen: list[ScenarioRuns] = []
     used: set[str] = set()
+    skipped: list[str] = []
     for system_dir in systems:
         for model_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
             if models and model_dir.name not in models:
@@ -105,33 +121,35 @@ def collect(results_dir: Path, *, system: str | None = None, models: list[str] |
                     continue
                 if not (scenario_dir / "performance").is_dir() and not (scenario_dir / "accuracy").is_dir():
                     continue
-                records = candidate_records(results_dir, scenario_dir)
-                runs = ScenarioRuns(model_dir.name, scenario_dir.name, scenario_dir,
-                                    _latest(records, PERF_MODES), _latest(records, ACCURACY_MODES))
+                runs = ScenarioRuns(model_dir.name, scenario_dir.name, scenario_dir)
+                records = candidate_records(results_dir, scenario_dir, runs.skipped)
+                runs.performance, runs.accuracy = _latest(records, PERF_MODES), _latest(records, ACCURACY_MODES)
                 used |= _apply_pins(runs, records, pinned or [])
                 if runs.performance:
                     _check_logs_are_from(runs.performance, scenario_dir)
-                    runs.compliance = runs.performance.get("compliance") or {}
+                    runs.compliance = runs.performance.compliance or {}
+                skipped += runs.skipped
                 chosen.append(runs)
     unused = [p for p in pinned or [] if p not in used]
     if unused:
-        raise UserError(f"--run {unused[0]}: no ok run with that id among the selected scenario folders")
+        why = next((reason for reason in skipped if f"run {unused[0]}" in reason), None)
+        raise UserError(f"--run {unused[0]}: " + (why or "no ok run with that id among the selected scenario folders"))
     if not chosen:
         raise UserError(f"{results_dir}: no recorded runs match (model {models or 'any'}, "
                         f"scenarios {scenarios or 'any'})")
     return chosen
 
 
-def _apply_pins(runs: ScenarioRuns, records: list[dict[str, Any]], pinned: list[str]) -> set[str]:
+def _apply_pins(runs: ScenarioRuns, records: list[RunRecord], pinned: list[str]) -> set[str]:
     used = set()
     for run_id in pinned:
-        match = [r for r in records if r["run_id"] == run_id or r["run_id"].startswith(run_id)]
+        match = [r for r in records if r.run_id == run_id or r.run_id.startswith(run_id)]
         if not match:
             continue
         record = match[0]
         used.add(run_id)
-        if record.get("mode") in PERF_MODES:
+        if record.mode in PERF_MODES:
             runs.performance = record
-        if record.get("mode") in ACCURACY_MODES:
+        if record.mode in ACCURACY_MODES:
             runs.accuracy = record
     return used

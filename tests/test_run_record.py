@@ -1,0 +1,166 @@
+"""RunRecord is the type readers use: its `kind` (schema version 2, migrated from version 1 files
+and database rows), newer records refused in one line, the typed accessors on real runs, and a
+record of another kind stored and listed but left out, with a reason, by the submission packager."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import record_metrics
+from harness.errors import UserError
+from harness.result_store import ResultStore
+from harness.run_record import LOADGEN, RUN_SCHEMA_VERSION, RunRecord, read_record_file
+from harness.submission.runs import collect
+from tests.support import newest_run, run_cli, scenario_root
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """A real null Offline performance run (max_batch_size 8, target_qps from --set) and a real
+    accuracy run, as their run.json dicts."""
+    results = tmp_path_factory.mktemp("records")
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--set", "max_batch_size=8",
+                   "--set", "target_qps=20000", "--results-dir", results) == 0
+    perf = newest_run(results, "null", "Offline")
+    assert run_cli("run", "null", "--scenario", "Offline", "--mode", "accuracy", "--quick",
+                   "--results-dir", results) == 0
+    acc = newest_run(results, "null", "Offline")
+    return results, perf, acc
+
+
+def _as_version_1(record: dict) -> dict:
+    """The record as mlharness wrote it before `kind` existed."""
+    old = {k: v for k, v in record.items() if k != "kind"}
+    old["schema_version"] = 1
+    return old
+
+
+# ---- migration 1 -> 2 -------------------------------------------------------------------------
+
+def test_a_new_run_is_a_version_2_loadgen_record(runs: tuple[Path, dict, dict]) -> None:
+    _, perf, _ = runs
+    assert RUN_SCHEMA_VERSION == 2
+    assert (perf["schema_version"], perf["kind"]) == (2, LOADGEN)
+
+
+def test_a_version_1_run_json_loads_as_a_loadgen_record(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    _, perf, _ = runs
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_as_version_1(perf)))
+    record = RunRecord.load(path)
+    assert (record.schema_version, record.kind, record.run_id) == (2, LOADGEN, perf["run_id"])
+    assert read_record_file(path) == perf  # nothing else changed
+
+
+def test_a_stored_version_1_row_reads_back_migrated(runs: tuple[Path, dict, dict], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _, perf, _ = runs
+    db = tmp_path / "db.sqlite"
+    with ResultStore(db) as store:
+        store.add_run(_as_version_1(perf))  # an old record given to the store is migrated first
+        assert store.list_runs()[0]["record_schema_version"] == 2
+        # A row an older mlharness wrote: version-1 JSON in record_json.
+        store.conn.execute("UPDATE runs SET record_json = ?, record_schema_version = 1 WHERE run_id = ?",
+                           (json.dumps(_as_version_1(perf)), perf["run_id"]))
+        assert store.get_run(perf["run_id"]) == perf
+        assert store.records() == [perf]
+        (record,) = store.run_records()
+        assert (record.schema_version, record.kind) == (2, LOADGEN)
+        assert store.get_record(perf["run_id"][:-1]).kind == LOADGEN
+    capsys.readouterr()
+    assert run_cli("results", "show", perf["run_id"], "--json", "--db", db) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == LOADGEN
+
+
+def test_a_newer_record_is_refused_in_one_line(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    _, perf, _ = runs
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(perf | {"schema_version": RUN_SCHEMA_VERSION + 1}))
+    with pytest.raises(UserError) as caught:
+        RunRecord.load(path)
+    assert str(caught.value) == (f"{path}: schema_version {RUN_SCHEMA_VERSION + 1} is newer than this mlharness "
+                                 f"reads ({RUN_SCHEMA_VERSION}); upgrade mlharness")
+    db = tmp_path / "db.sqlite"
+    with ResultStore(db) as store:
+        store.add_run(perf)
+        store.conn.execute("UPDATE runs SET record_json = ? WHERE run_id = ?",
+                           (path.read_text(), perf["run_id"]))
+        with pytest.raises(UserError, match=r"is newer than this mlharness reads") as caught:
+            store.get_run(perf["run_id"])
+        assert "\n" not in str(caught.value)
+
+
+def test_a_record_without_a_kind_string_is_refused(runs: tuple[Path, dict, dict]) -> None:
+    _, perf, _ = runs
+    with pytest.raises(UserError, match=r"^here: kind: expected what the record measured"):
+        RunRecord.from_json_dict(perf | {"kind": 3}, "here")
+
+
+def test_the_store_keeps_fields_this_version_does_not_know(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    """RunRecord.from_dict drops them; the stored dict (what a reader writes back) keeps them."""
+    _, perf, _ = runs
+    with ResultStore(tmp_path / "db.sqlite") as store:
+        store.add_run(perf | {"added_later": {"kept": True}})
+        assert store.get_run(perf["run_id"])["added_later"] == {"kept": True}
+        assert not hasattr(store.get_record(perf["run_id"]), "added_later")
+
+
+# ---- accessors ------------------------------------------------------------------------------------
+
+def test_accessors_on_real_records(runs: tuple[Path, dict, dict]) -> None:
+    results, perf_dict, acc_dict = runs
+    perf = RunRecord.load(Path(perf_dict["results_path"]) / "run.json")
+    acc = RunRecord.from_dict(acc_dict)
+    assert perf.is_ok and perf.is_loadgen and perf.model_name == "null"
+    assert perf.harness_setting("max_batch_size") == 8 and perf.harness_setting("workers", 1) == 1
+    assert perf.harness_settings == perf_dict["settings"]["harness"]
+    assert perf.loadgen_setting("target_qps") == perf_dict["settings"]["loadgen"]["target_qps"]
+    assert perf.loadgen_setting("no_such_key") is None
+    assert perf.setting_origin("target_qps") == "cli" and perf.setting_origin("min_duration") == "preset:quick"
+    assert perf.setting_origin("no_such_key") is None
+    assert perf.batch_size == 8 and acc.batch_size is None
+    assert perf.threads == 0  # not set: the null backend's reported intra_op_threads
+    assert perf.loadgen_result in ("VALID", "INVALID") and perf.valid is (perf.loadgen_result == "VALID")
+    assert acc.valid is None and acc.loadgen_result is None  # an accuracy run has no performance summary
+    assert perf.accuracy_values == {} and acc.accuracy_values == {"top1": 0.5, "top5": 1.0}
+    assert acc.accuracy_verdict == (acc_dict["accuracy"] or {}).get("verdict")
+    assert perf.software_versions["mlcommons-loadgen"] == perf_dict["software"]["versions"]["mlcommons-loadgen"]
+    assert perf.system_description == perf_dict["system"] and perf.system_description["logical_cpus"] >= 1
+    assert [kind for kind, _ in perf.manifest_refs()] == ["models", "datasets", "hardware", "software"]
+    assert perf.figures() == record_metrics.flatten(perf_dict) and perf.figures()["offline.samples_per_second"] > 0
+    assert perf.headline() == ("offline.samples_per_second", perf.figures()["offline.samples_per_second"])
+    assert acc.figures()["accuracy.top1"] == 0.5 and acc.headline() == ("offline.samples_per_second", None)
+    failed = RunRecord.from_dict(perf_dict | {"status": "failed"})
+    assert not failed.is_ok
+
+
+# ---- a record of another kind -----------------------------------------------------------------------
+
+def test_another_kind_is_stored_and_listed_but_left_out_of_a_submission(
+        runs: tuple[Path, dict, dict], capsys: pytest.CaptureFixture[str]) -> None:
+    results, perf, _ = runs
+    brick_id = perf["run_id"][:-6] + "b1c4b1"
+    # Newer than every real run, same model, scenario, system and mode: a LoadGen-blind collection
+    # would choose it as the scenario's performance run.
+    brick = perf | {"run_id": brick_id, "kind": "brick", "started_at": "2999-01-01T00:00:00+00:00",
+                    "performance": None, "settings": {}}
+    with ResultStore(results / "mlharness.sqlite") as store:
+        store.add_run(brick)
+        assert brick_id in [row["run_id"] for row in store.list_runs()]
+        assert store.get_record(brick_id).kind == "brick"
+    capsys.readouterr()
+    assert run_cli("results", "list", "--results-dir", results) == 0
+    assert brick_id in capsys.readouterr().out
+    assert run_cli("results", "show", brick_id, "--results-dir", results) == 0
+    assert "kind             : brick" in capsys.readouterr().out
+
+    (chosen,) = collect(results)
+    assert chosen.path == scenario_root(results, "null", "Offline")
+    assert chosen.performance is not None and chosen.performance.kind == LOADGEN
+    assert chosen.performance.run_id != brick_id
+    (reason,) = chosen.skipped
+    assert brick_id in reason and "'brick' record, not a loadgen test" in reason
+    with pytest.raises(UserError, match=f"--run {brick_id}: .*run {brick_id} left out: a 'brick' record"):
+        collect(results, pinned=[brick_id])
