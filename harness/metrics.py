@@ -1,6 +1,7 @@
 """Accuracy metrics, pluggable by name. A metric reads every sample's decoded result by sample
 index (so metrics that combine several samples, such as correlations over pairs, fit too) and
-returns named figures plus the headline line for accuracy.txt."""
+returns named figures plus the headline line for accuracy.txt. Third-party metrics register through
+the `mlharness.metrics` entry point group (a name and the metric function), loaded when first used."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +10,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from harness.errors import UserError, require
+from specs import manifests
+
+ENTRY_POINT_GROUP = "mlharness.metrics"
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class MetricResult:
 
 Metric = Callable[[Mapping[int, np.ndarray], Sequence[Any], dict[str, Any]], MetricResult]
 _METRICS: dict[str, Metric] = {}
+_PLUGINS: dict[str, Any] | None = None  # name -> entry point, read at first use, loaded when used
 
 
 def metric(name: str) -> Callable[[Metric], Metric]:
@@ -29,14 +34,27 @@ def metric(name: str) -> Callable[[Metric], Metric]:
     return register
 
 
+def _plugins() -> dict[str, Any]:
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = {name: ep for name, ep in manifests.entry_points(ENTRY_POINT_GROUP).items() if name not in _METRICS}
+    return _PLUGINS
+
+
 def get_metric(name: str, where: str) -> Metric:
+    if name not in _METRICS and name in _plugins():
+        ep = _plugins()[name]
+        func = manifests.load_entry_point(ep)
+        if not callable(func):
+            raise UserError(f"entry point {ep.group}:{name} = {ep.value}: expected a metric function, got {func!r}")
+        metric(name)(func)
     if name not in _METRICS:
-        raise UserError(f"{where}: metric: expected one of {sorted(_METRICS)}, got {name!r}")
+        raise UserError(f"{where}: metric: expected one of {names()}, got {name!r}")
     return _METRICS[name]
 
 
 def names() -> list[str]:
-    return sorted(_METRICS)
+    return sorted({*_METRICS, *_plugins()})
 
 
 @metric("topk")

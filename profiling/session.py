@@ -3,39 +3,28 @@ observer while it runs), then the merged timeline.json and summary.json in the p
 a short summary for run.json."""
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from harness.atomic_io import write_json
-from profiling import overhead
+from profiling import overhead, tracer_class
 from profiling.clock import CLOCK_NAME, ClockAnchor, now_ns
 from profiling.framework_tracer import operator_table
 from profiling.timeline import build as build_timeline
 from profiling.tracer import LevelResult, TraceContext, Tracer
 
 SUMMARY_SCHEMA_VERSION = 1
-TRACERS = {
-    "harness": "profiling.harness_tracer:HarnessTracer",
-    "model": "profiling.model_tracer:ModelTracer",
-    "framework": "profiling.framework_tracer:FrameworkTracer",
-    "python": "profiling.python_tracer:PythonTracer",
-    "system": "profiling.system_tracer:SystemTracer",
-}
-# Started in this order, stopped in reverse: the system sampler's thread exists before the python
+# The built-in levels start in this order (the tracers are profiling's registry), levels of entry
+# points after them, and all stop in reverse: the system sampler's thread exists before the python
 # level starts following new threads, and python stops first so it never samples the others' exit.
 START_ORDER = ("system", "framework", "harness", "model", "python")
 
 
-def tracer_class(level: str) -> type[Tracer]:
-    module, _, name = TRACERS[level].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 class ProfileSession:
     def __init__(self, levels: list[str], out_dir: Path, scenario: str = "", calibrate: bool = True):
-        self.levels = [level for level in START_ORDER if level in levels]
+        self.levels = [level for level in START_ORDER if level in levels] + \
+            [level for level in dict.fromkeys(levels) if level not in START_ORDER]
         self.requested = list(levels)
         self.out_dir = Path(out_dir)
         self.scenario = scenario

@@ -3,21 +3,60 @@ validated on load, and carries the sha256 of its file so that every result names
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from harness.errors import UserError
 from specs.validation import NAME, SEMVER, SHA256, Checker, load_yaml
 
 ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
-FRAMEWORKS = ("onnxruntime", "torch", "null")
 CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
 SOURCE_ROLES = ("graph", "weights", "module", "torchscript", "files")
 
 
-CONVERT_FORMATS = ("onnx",)  # targets of a manifest-declared conversion (sut.conversion has the exporters)
+# -- names the runtime owns ------------------------------------------------------------------------
+# The spec layer checks names that runtime registries own (framework names: sut.backends; conversion
+# targets: sut.conversion). Each owner registers a function returning its current names; until one
+# has, the owner is imported by name when a manifest first needs the names (the owners register
+# names only and import no framework), so that the spec layer never imports the runtime itself.
+NAME_OWNERS = {"framework": "sut.backends", "conversion target": "sut.conversion"}
+_NAME_SOURCES: dict[str, Callable[[], list[str]]] = {}
+
+
+def register_names(kind: str, source: Callable[[], list[str]]) -> None:
+    """The runtime's registry of `kind` (a key of NAME_OWNERS) hands the spec layer its names."""
+    _NAME_SOURCES[kind] = source
+
+
+def known_names(kind: str) -> list[str]:
+    """The names a manifest may use for `kind`, asked of the registry that owns them."""
+    if kind not in _NAME_SOURCES:
+        importlib.import_module(NAME_OWNERS[kind])  # registers its source
+    return list(_NAME_SOURCES[kind]())
+
+
+# -- entry points (third-party backends, metrics, tracers, in the manner of pyperf's hooks) --------
+
+def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed distributions' entry points of `group` by name; nothing is imported."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
+
+
+def load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:
+    """The object an entry point names; a plugin that cannot load is a one-line UserError naming it."""
+    dist = getattr(ep, "dist", None)
+    owner = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+    try:
+        return ep.load()
+    except Exception as exc:  # an import error or any error raised while importing the plugin
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"entry point {ep.group}:{ep.name} = {ep.value} (from {owner}) cannot be loaded: "
+                        f"{type(exc).__name__}: {detail}") from None
 
 
 @dataclass(frozen=True)
@@ -178,7 +217,7 @@ def _conversion(check: Checker, doc: Any, path: str) -> Conversion | None:
         return None
     check.unknown_keys(doc, path, ("from", "to", "opset", "example_dims"))
     source = check.get(doc, "from", path, str, "the source model manifest's path, relative to this file")
-    to = check.one_of(doc, "to", path, CONVERT_FORMATS)
+    to = check.one_of(doc, "to", path, known_names("conversion target"))
     opset = check.get(doc, "opset", path, int, "an ONNX opset number such as 17", False)
     if opset is not None and not 7 <= opset <= 30:
         check.fail(f"{path}.opset", "an ONNX opset number between 7 and 30", opset)
@@ -238,7 +277,7 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
         "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset"))
     framework = check.get(doc, "framework", "", dict, "a mapping {name, version}") or {}
     check.unknown_keys(framework, "framework", ("name", "version"))
-    fw_name = check.one_of(framework, "name", "framework", FRAMEWORKS) if framework else ""
+    fw_name = check.one_of(framework, "name", "framework", known_names("framework")) if framework else ""
     fw_version = check.get(framework, "version", "framework", str, "a version constraint such as '>=1.17'", False, "")
     if fw_version:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet

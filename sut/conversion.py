@@ -34,6 +34,7 @@ from specs.manifests import (
     HardwareManifest,
     ModelManifest,
     load_manifest,
+    register_names,
 )
 
 PROVENANCE_SCHEMA_VERSION = 1
@@ -57,6 +58,11 @@ def exporter(source_framework: str, target: str, suffix: str, packages: tuple[st
         _EXPORTERS[(source_framework, target)] = _ExporterEntry(func, suffix, packages)
         return func
     return register
+
+
+def targets() -> list[str]:
+    """The formats a manifest's `convert.to` may name: those some exporter makes."""
+    return list(dict.fromkeys(target for _, target in _EXPORTERS))
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ def resolve_conversion(artifact: Artifact, where: str, base: Path) -> Path:
 
 
 artifacts.register_converter(resolve_conversion)
+register_names("conversion target", targets)  # the spec layer checks `convert.to` against the exporters
 
 
 # -- exporters -------------------------------------------------------------------------------------

@@ -1,39 +1,63 @@
 """Backends registered by name; each is imported only when it is created, so the harness runs
-without the frameworks it does not use."""
+without the frameworks it does not use. Third-party backends register through the
+`mlharness.backends` entry point group: a name and a Backend subclass, loaded when first used."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Union
 
 from harness.errors import UserError, require
+from specs import manifests
 from sut.backends.base import Backend
 
-# name -> "module:Class"; the order is the preference when a model has manifests for several.
-_REGISTRY: dict[str, str] = {
+ENTRY_POINT_GROUP = "mlharness.backends"
+Target = Union[str, "type[Backend]"]  # "module:Class" (imported when created) or the class
+
+# name -> target; the order is the preference when a model has manifests for several.
+_REGISTRY: dict[str, Target] = {
     "onnxruntime": "sut.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "torch": "sut.backends.torch_backend:TorchBackend",
     "null": "sut.backends.null_backend:NullBackend",
 }
 # name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
 _EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch"}
+# name -> entry point not loaded yet; read at first use, loaded when its backend is created.
+_PLUGINS: dict[str, Any] | None = None
 
 
-def register(name: str, target: str, extra: str | None = None) -> None:
-    """Add a backend: `target` is "module:Class" of a Backend subclass; `extra` the mlharness extra
-    that installs its framework, named when the framework is missing."""
+def register(name: str, target: Target, extra: str | None = None) -> None:
+    """Add a backend: `target` is "module:Class" of a Backend subclass, or the class; `extra` the
+    mlharness extra that installs its framework, named when the framework is missing."""
     _REGISTRY[name] = target
     if extra:
         _EXTRAS[name] = extra
 
 
+def _plugins() -> dict[str, Any]:
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = {name: ep for name, ep in manifests.entry_points(ENTRY_POINT_GROUP).items() if name not in _REGISTRY}
+    return _PLUGINS
+
+
 def names() -> list[str]:
-    return list(_REGISTRY)
+    """Every backend name, registered ones first (the preference order), then entry points'."""
+    return list(_REGISTRY) + [name for name in _plugins() if name not in _REGISTRY]
 
 
 def backend_class(name: str) -> type[Backend]:
+    if name not in _REGISTRY and name in _plugins():
+        target = manifests.load_entry_point(_plugins()[name])
+        if not (isinstance(target, str) or isinstance(target, type) and issubclass(target, Backend)):
+            ep = _plugins()[name]
+            raise UserError(f"entry point {ep.group}:{name} = {ep.value}: expected a Backend subclass or a "
+                            f"'module:Class' string, got {target!r}")
+        register(name, target)
     target = _REGISTRY.get(name)
     if target is None:
-        raise UserError(f"--backend: expected one of {', '.join(_REGISTRY)}, got {name!r}")
+        raise UserError(f"--backend: expected one of {', '.join(names())}, got {name!r}")
+    if not isinstance(target, str):
+        return target
     module_name, _, cls_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -55,3 +79,6 @@ def create(name: str, **kwargs: Any) -> Backend:
     if problem:
         raise UserError(f"{hardware.path}: {problem}")
     return cls(**kwargs)
+
+
+manifests.register_names("framework", names)  # a model manifest's framework.name is a backend name
