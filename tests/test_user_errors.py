@@ -228,7 +228,7 @@ def test_older_records_are_migrated_forward(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(run_record, "MIGRATIONS", [lambda d: d | {"command": d["command"] + " (from v1)"},
                                                    lambda d: d | {"backend": d["backend"].upper()}])
     monkeypatch.setattr(run_record, "RUN_SCHEMA_VERSION", 3)
-    record = RunRecord.from_json_dict(_record(), "old.json")
+    record = RunRecord.from_json_dict(_record() | {"schema_version": 1}, "old.json")
     assert (record.schema_version, record.command, record.backend) == (3, "mlharness run null (from v1)", "NULL")
 
 
