@@ -18,7 +18,7 @@ DEFAULT_RUN_TIMEOUT = 4 * 3600.0
 REQUEST_SCHEMA_VERSION = 1
 
 _PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root")
-_TUPLE_FIELDS = ("presets", "overrides", "profile")
+_TUPLE_FIELDS = ("presets", "overrides", "profile", "compliance")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class RunRequest:
     quick: bool = False
     presets: tuple[str, ...] = ()
     user_conf: Path | None = None
+    # The user.conf's content, read when the request is built: what crosses to another process or
+    # machine is the settings themselves, not a path that may not exist there.
+    user_conf_text: str | None = None
     results_dir: Path = DEFAULT_RESULTS_DIR
     overrides: tuple[str, ...] = ()
     profile: tuple[str, ...] = ()
@@ -41,6 +44,7 @@ class RunRequest:
     command: str = ""
     timeout: float = DEFAULT_RUN_TIMEOUT  # seconds for the whole run, in its own process
     specs_root: Path | None = None  # None: $MLHARNESS_SPECS or the shipped specs
+    compliance: tuple[str, ...] = ()  # audits (TEST01, TEST04) to run on the run once it is done
 
     def __post_init__(self) -> None:
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
@@ -51,6 +55,11 @@ class RunRequest:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
+        if self.user_conf is not None and self.user_conf_text is None:
+            try:
+                object.__setattr__(self, "user_conf_text", self.user_conf.read_text())
+            except OSError as exc:
+                raise UserError(f"{self.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
         if not self.model:
             raise UserError("model: expected a model manifest name or path, got nothing")
         if self.scenario not in SCENARIOS:

@@ -79,7 +79,8 @@ def prepare_settings(request: RunRequest, model: ModelManifest) -> Settings:
     presets = (["quick"] if request.quick else []) + list(request.presets)
     return build_settings(scenario=request.scenario, mode=request.mode, conf_model=_conf_model(model),
                           model_name=model.name, model_hints=model.attributes.get("settings"),
-                          presets=presets, user_conf=request.user_conf, overrides=request.overrides)
+                          presets=presets, user_conf=request.user_conf, overrides=request.overrides,
+                          user_conf_text=request.user_conf_text)
 
 
 def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:

@@ -249,12 +249,15 @@ def _check_pairs(settings: Settings, numbers: dict[str, float], performance_samp
             refuse("performance_issue_same_index", f"a sample index below the performance sample count {count}")
 
 
-def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str) -> list[tuple[str, str, int]]:
-    """(key, value, line) for the lines of a LoadGen user.conf that apply to this model and scenario."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read user.conf: {exc.strerror or exc}") from None
+def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str,
+                    text: str | None = None) -> list[tuple[str, str, int]]:
+    """(key, value, line) for the lines of a LoadGen user.conf that apply to this model and scenario;
+    `text` is its content when already read (a RunRequest carries it), else the file is read."""
+    if text is None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read user.conf: {exc.strerror or exc}") from None
     found = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -294,7 +297,8 @@ def _apply_scoped(settings: Settings, scoped: dict[str, Any], layer: str, where:
 
 def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str,
                    model_hints: dict[str, Any] | None = None, presets: list[str] = (),
-                   user_conf: Path | None = None, overrides: list[str] = ()) -> Settings:
+                   user_conf: Path | None = None, overrides: list[str] = (),
+                   user_conf_text: str | None = None) -> Settings:
     if scenario not in SCENARIOS:
         raise UserError(f"--scenario: expected one of {', '.join(SCENARIOS)}, got {scenario!r}")
     if mode not in MODES:
@@ -311,7 +315,7 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
         _apply_scoped(settings, loaded["settings"], f"preset:{loaded['path'].stem}", str(loaded["path"]))
     if user_conf is not None:
         settings.layers.append("user.conf")
-        for key, value, line in parse_user_conf(user_conf, conf_model, model_name, scenario):
+        for key, value, line in parse_user_conf(user_conf, conf_model, model_name, scenario, user_conf_text):
             settings.set(key, value, "user.conf", f"{user_conf}: line {line}")
     if overrides:
         settings.layers.append("cli")

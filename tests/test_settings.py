@@ -94,3 +94,17 @@ def test_every_test_reads_mlperf_conf_once(tmp_path: Path) -> None:
                        root / "performance" / "run_1" / "mlperf_log_detail.txt"):
             errors, seed = _conf_problems(detail)
             assert errors == [] and seed != 0, (detail, errors, seed)
+
+
+def test_a_request_carries_its_user_conf_content(tmp_path: Path) -> None:
+    """The request holds the user.conf's settings, not only its path: the run applies them even when
+    the file is gone by the time the run's process reads the request (another process, a host)."""
+    from harness import RunRequest, run
+
+    conf = tmp_path / "user.conf"
+    conf.write_text("*.Offline.target_qps = 12345\n")
+    request = RunRequest(model="null", scenario="Offline", quick=True, user_conf=conf,
+                         results_dir=tmp_path / "results")
+    conf.unlink()
+    record = run(request)
+    assert record.settings["loadgen"]["target_qps"] == "12345" and record.settings["origin"]["target_qps"] == "user.conf"

@@ -4,31 +4,33 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from harness.request import add_request_arguments, request_from_args
 from harness.errors import UserError
+from harness.request import add_request_arguments, request_from_args
 from harness.settings import MODES, SCENARIOS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness import run
 
-    request = request_from_args(
-        args, model=args.model, scenario=args.scenario, mode=args.mode, profile=_profile_levels(args.profile),
-        command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
-    tests = []
+    tests: list[str] = []
     if getattr(args, "compliance", None):
         from harness.submission.compliance import parse_tests
 
         tests = parse_tests(args.compliance)  # before the run: a typo must not cost a long run
+    request = request_from_args(
+        args, model=args.model, scenario=args.scenario, mode=args.mode, profile=_profile_levels(args.profile),
+        compliance=tests, command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
+    tests = list(request.compliance)
     record = run(request)
     print(format_summary(record))
     verdict = (record.accuracy or {}).get("verdict")
     if tests:
         from harness.submission.compliance import format_outcomes, run_compliance
 
-        outcomes = run_compliance(request, tests, Path(record.results_path))
+        outcomes = run_compliance(replace(request, compliance=()), tests, Path(record.results_path))
         print(format_outcomes(outcomes))
         verdict = "FAIL" if any(o["verdict"] == "FAIL" for o in outcomes.values()) else verdict
     return 1 if verdict == "FAIL" else 0
