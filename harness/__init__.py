@@ -11,14 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
 from harness.run_record import RunRecord
-from specs.manifests import Manifest, load_manifest
 
 if TYPE_CHECKING:
     from harness.request import RunRequest
     from harness.result_store import ResultStore
+    from specs.manifests import Manifest, load_manifest
 
 # Public names imported on first use (PEP 562), so `import harness` stays light.
-_LAZY = {"RunRequest": "harness.request", "ResultStore": "harness.result_store"}
+# The spec layer too: it imports harness.errors, so importing it here eagerly would be a cycle for
+# code that imports specs first.
+_LAZY = {"RunRequest": "harness.request", "ResultStore": "harness.result_store",
+         "Manifest": "specs.manifests", "load_manifest": "specs.manifests"}
 
 
 def run(request: RunRequest) -> RunRecord:

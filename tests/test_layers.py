@@ -104,3 +104,18 @@ def test_the_checker_sees_a_cycle() -> None:
     """The cycle finder itself: a two-module loop and a self-contained chain."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_each_layer_imports_first_in_a_fresh_interpreter() -> None:
+    """A plugin or script may import the spec layer or the runtime before `harness`: no import order
+    may meet a half-initialised module."""
+    import subprocess
+    import sys
+
+    first = ["specs.manifests", "specs.index", "specs.artifacts", "sut.backends", "sut.runtime", "profiling",
+             "harness.errors", "harness"]
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    for module in first:
+        done = subprocess.run([sys.executable, "-c", code, module, "harness.cli"], cwd=REPO, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, f"import {module} first: {done.stderr.strip().splitlines()[-1:]}"
