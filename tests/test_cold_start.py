@@ -213,8 +213,8 @@ def test_summary_and_report_show_cold_start(tmp_path: Path) -> None:
     summary = format_summary(record)
     assert "cold start : resolve 500 ms, load 1.50 s, first inference 40 ms, warm-up 4 queries of 8 samples" in summary
     assert "memory : peak RSS 512 MiB, peak cuda:0 1024 MiB allocated" in summary
-    html = write_report([record.to_dict()], tmp_path, "t").read_text()
+    html = write_report([record], tmp_path, "t").read_text()
     assert "<h2>Cold start and memory</h2>" in html and "<td>512</td>" in html and "<td>40</td>" in html
     record.cold_start = {}
     assert "cold start" not in format_summary(record)
-    assert "Cold start" not in write_report([record.to_dict()], tmp_path, "t").read_text()
+    assert "Cold start" not in write_report([record], tmp_path, "t").read_text()

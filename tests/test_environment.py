@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
+from harness.run_record import RUN_SCHEMA_VERSION
 from harness.system import check_software, detect_system, system_name
 from specs.manifests import load_manifest
 from tests.support import read_run, run_cli, write_manifest
@@ -46,7 +47,7 @@ def test_detected_system_and_hardware_are_recorded(tmp_path: Path) -> None:
     assert record["system"]["logical_cpus"] == system["logical_cpus"]
     assert record["hardware"]["name"] == "cpu" and record["hardware"]["device"] == "cpu"
     assert record["software"]["versions"]["mlcommons-loadgen"]
-    assert record["schema_version"] == 1 and len(record["model"]["sha256"]) == 64
+    assert record["schema_version"] == RUN_SCHEMA_VERSION and record["kind"] == "loadgen" and len(record["model"]["sha256"]) == 64
 
 
 def test_unknown_model_and_dataset_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
