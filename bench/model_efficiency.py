@@ -45,7 +45,7 @@ WARMUP_RUNS = 3
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, batch: int, threads: int) -> Any:
-    from harness.runner import select_model
+    from harness.running.runner import select_model
     from specs.index import default_index
     from sut.runtime import build_runtime
 
@@ -107,7 +107,7 @@ def harness_run(model_name: str, scenario: str, overrides: list[str]) -> dict[st
     return {"valid": summary.get("valid"), "samples_per_second": summary.get("samples_per_second"),
             "p90_latency_ns": summary.get("p90_latency_ns"), "p50_latency_ns": summary.get("p50_latency_ns"),
             "backend": record.backend_info, "harness_settings": record.settings.get("harness"),
-            # The run has a process of its own (harness.launcher): its peak RSS is in the record.
+            # The run has a process of its own (harness.running.launcher): its peak RSS is in the record.
             "run_peak_rss_bytes": (record.cold_start or {}).get("peak_rss_bytes")}
 
 
@@ -213,7 +213,7 @@ def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None
 
 def _default_batch(model: str) -> int:
     sys.path.insert(0, str(ROOT))
-    from harness.runner import select_model
+    from harness.running.runner import select_model
     from specs.index import default_index
 
     return int(select_model(default_index(), model, "onnxruntime").attributes.get("max_batch_size", 1))
@@ -243,7 +243,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from harness.system import cpu_model
+    from harness.running.system import cpu_model
 
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()

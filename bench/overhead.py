@@ -43,8 +43,8 @@ OFFLINE_GUESS = {"limit": 2_000_000, "native": 2_000_000, "python": 1_000_000, "
 def _loadgen_settings(scenario: str, overrides: list[str], workdir: Path) -> Any:
     """The TestSettings mlharness would build for the null model with these overrides, so the bare
     variants run under exactly the settings the harness variants get."""
-    from harness.runner import RunRequest, prepare_settings, select_model
-    from harness.settings import apply_to_loadgen
+    from harness.running.runner import RunRequest, prepare_settings, select_model
+    from harness.running.settings import apply_to_loadgen
     from specs.index import default_index
 
     model = select_model(default_index(), "null", "null")
@@ -98,7 +98,7 @@ def _refcopy_sut(lg: Any, max_batch_size: int) -> tuple[Any, Any]:
 def _measure_bare(variant: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
     import mlperf_loadgen as lg
 
-    from harness.loadgen_logs import parse_summary
+    from harness.records.loadgen_logs import parse_summary
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as workdir:
         test_settings = _loadgen_settings(scenario, overrides, Path(workdir))
@@ -126,7 +126,7 @@ def _measure_harness(variant: str, scenario: str, overrides: list[str]) -> dict[
                                 results_dir=Path(results_dir), command="bench/overhead.py"))
     return {"summary": record.performance, "handoff": handoff.name,
             "completion": getattr(handoff, "completion", "pybind"),
-            # The run has a process of its own (harness.launcher): its peak RSS is in the record.
+            # The run has a process of its own (harness.running.launcher): its peak RSS is in the record.
             "run_peak_rss_bytes": (record.cold_start or {}).get("peak_rss_bytes")}
 
 
@@ -234,7 +234,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from harness.system import cpu_model
+    from harness.running.system import cpu_model
 
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()

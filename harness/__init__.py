@@ -10,24 +10,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
-from harness.run_record import RunRecord
+from harness.records.run_record import RunRecord
 
 if TYPE_CHECKING:
-    from harness.request import RunRequest
-    from harness.result_store import ResultStore
+    from harness.running.request import RunRequest
+    from harness.store.result_store import ResultStore
     from specs.manifests import Manifest, load_manifest
 
 # Public names imported on first use (PEP 562), so `import harness` stays light.
 # The spec layer too: it imports harness.errors, so importing it here eagerly would be a cycle for
 # code that imports specs first.
-_LAZY = {"RunRequest": "harness.request", "ResultStore": "harness.result_store",
+_LAZY = {"RunRequest": "harness.running.request", "ResultStore": "harness.store.result_store",
          "Manifest": "specs.manifests", "load_manifest": "specs.manifests"}
 
 
 def run(request: RunRequest) -> RunRecord:
     """Run one request in a fresh process of its own (like `mlharness run`) and return its record;
     a failed run raises harness.errors.RunFailed (a UserError) with the failed record as `.record`."""
-    from harness.launcher import run as _run
+    from harness.running.launcher import run as _run
 
     return _run(request)
 

@@ -61,8 +61,8 @@ def test_public_names_import_without_a_framework(tmp_path: Path) -> None:
 
 def test_import_harness_alone_defers_the_request_and_store_modules(tmp_path: Path) -> None:
     code = ("import sys, harness\nprint(sorted(m for m in sys.modules if m in "
-            "('harness.request', 'harness.result_store', 'harness.runner', 'sqlite3')))\n"
+            "('harness.running.request', 'harness.store.result_store', 'harness.running.runner', 'sqlite3')))\n"
             "print(harness.RunRequest.__module__, harness.ResultStore.__module__)")
     result = _python(code, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[]", "harness.request harness.result_store"]
+    assert result.stdout.splitlines() == ["[]", "harness.running.request harness.store.result_store"]

@@ -16,7 +16,7 @@ from tests.support import REPO, read_run, run_cli, sha256, write_manifest
 
 
 def test_harness_imports_without_frameworks() -> None:
-    code = ("import sys, harness, harness.cli, harness.runner, sut.runtime, sut.system_under_test;"
+    code = ("import sys, harness, harness.cli, harness.running.runner, sut.runtime, sut.system_under_test;"
             "bad = [m for m in ('torch', 'onnxruntime', 'onnx', 'transformers') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.record_metrics import flatten, higher_is_better
+from harness.records.record_metrics import flatten, higher_is_better
 from specs.manifests import load_manifest
 from sut.runtime import Runtime, build_runtime
 from sut.staging import SampleError
@@ -205,8 +205,8 @@ def test_device_memory_reports_torch_cuda_peaks() -> None:
 
 def test_summary_and_report_show_cold_start(tmp_path: Path) -> None:
     from harness.commands.run import format_summary
-    from harness.report import write_report
-    from harness.run_record import RunRecord
+    from harness.compare.report import write_report
+    from harness.records.run_record import RunRecord
 
     record = RunRecord(run_id="r1", command="", model={"name": "null"}, dataset={}, backend="null",
                        scenario="Offline", mode="performance", status="ok", cold_start=COLD_START)

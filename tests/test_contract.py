@@ -74,16 +74,16 @@ def _run(results: Path, scenario: str = "Offline") -> int:
 def _runner_gives_the_sut_its_result_spec() -> bool:
     import inspect
 
-    from harness import runner
+    from harness.running import runner
 
     return "result_spec=" in inspect.getsource(runner.run_loadgen)
 
 
-# The SUT checks results only when it is given the result spec. Until harness/runner.py passes it
+# The SUT checks results only when it is given the result spec. Until harness/running/runner.py passes it
 # (`result_spec=runtime.model.result or runtime.model.outputs[0]`) a wrong result still exits 0, so
 # these tests are expected to fail; the mark lifts itself once runner.py passes it.
 checks_results = pytest.mark.xfail(not _runner_gives_the_sut_its_result_spec(), strict=True,
-                                   reason="harness/runner.py does not pass result_spec to SystemUnderTest yet")
+                                   reason="harness/running/runner.py does not pass result_spec to SystemUnderTest yet")
 
 
 def _failure(results: Path, scenario: str, capfd: pytest.CaptureFixture[str]) -> str:

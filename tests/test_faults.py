@@ -293,7 +293,7 @@ def test_two_runs_at_once_into_one_results_dir(earlier: tuple[Path, dict[str, st
     assert len(runs) == 3 and all(status == "ok" for status, _ in runs.values())
     # The published folder holds one run's files, not a mix: the summary beside run.json is the one
     # that run parsed (LoadGen's figures and its timestamped log differ between the two runs).
-    from harness.loadgen_logs import parse_summary
+    from harness.records.loadgen_logs import parse_summary
 
     folder = next(results.glob("*/null/Offline"))
     record = json.loads((folder / "run.json").read_text())

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.compare.gate import parse_rule
 from harness.errors import UserError
-from harness.gate import parse_rule
-from harness.result_store import ResultStore
+from harness.store.result_store import ResultStore
 from tests.support import run_cli
 
 RUN = ("run", "null", "--scenario", "Offline", "--quick")

@@ -90,7 +90,7 @@ def test_the_wheel_carries_the_specs_presets_and_c_extension(installed: Install)
 
 def test_installed_copy_is_the_one_imported_and_finds_its_data(installed: Install, tmp_path: Path) -> None:
     code = ("import json, harness, specs, scenarios, sut._native\n"
-            "from specs.index import specs_root\nfrom harness.settings import scenarios_root\n"
+            "from specs.index import specs_root\nfrom harness.running.settings import scenarios_root\n"
             "print(json.dumps([harness.__file__, specs.__file__, scenarios.__file__, sut._native.__file__,"
             " str(specs_root()), str(scenarios_root())]))")
     result = _run(installed, tmp_path, sys.executable, "-c", code)
@@ -137,7 +137,7 @@ def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) ->
     # Exit 1: the pre-flight check refuses the null model's folder name (not an MLPerf benchmark).
     assert "packaged OUT/open/acme" in result.stdout, result.stdout + result.stderr
     code = tmp_path / "OUT" / "open" / "acme" / "src" / "mlharness"
-    assert (code / "harness" / "runner.py").is_file() and (code / "sut" / "handoff.py").is_file()
+    assert (code / "harness" / "running" / "runner.py").is_file() and (code / "sut" / "handoff.py").is_file()
     assert (code / "scenarios" / "quick.yaml").is_file()
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert (code / "INSTALLED.txt").read_text().startswith(f"mlharness {version}, installed in {installed.site}:")

@@ -191,7 +191,7 @@ def test_postprocess_receives_the_batch_inputs() -> None:
 
 
 def test_pair_metrics_read_outputs_by_sample_index() -> None:
-    from harness.metrics import get_metric
+    from harness.running.metrics import get_metric
 
     rng = np.random.default_rng(0)
     outputs = {i: rng.standard_normal(4).astype(np.float32) for i in range(6)}

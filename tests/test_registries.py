@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import harness  # first: the harness package imports the spec layer
-from harness import metrics
+from harness.running import metrics
 from specs.manifests import known_names, load_manifest
 from specs.validation import ManifestError
 from tests.support import REPO, read_run, scenario_root, write_manifest
@@ -45,7 +45,7 @@ class DemoBackend(Backend):
 '''
 
 PLUGIN_METRIC = '''
-from harness.metrics import MetricResult
+from harness.running.metrics import MetricResult
 
 
 def answered(outputs, labels, params):
@@ -172,7 +172,7 @@ def test_names_come_from_entry_points_without_loading_them(site: Path, tmp_path:
     done = _python(site, """
         import sys
         import harness
-        from harness import metrics
+        from harness.running import metrics
         from specs.manifests import known_names
         import profiling
         print(known_names("framework"), metrics.names(), profiling.levels())
@@ -203,7 +203,7 @@ def test_a_broken_entry_point_is_one_line_when_used(site: Path, tmp_path: Path) 
     metric = _python(site, """
         import harness
         from harness.errors import UserError
-        from harness.metrics import get_metric
+        from harness.running.metrics import get_metric
         try:
             get_metric("broken", "test")
         except UserError as exc:

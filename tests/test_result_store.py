@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.result_store import DB_ENV, SCHEMA_VERSION, ResultStore, schema_version
+from harness.store.result_store import (
+    DB_ENV,
+    SCHEMA_VERSION,
+    ResultStore,
+    schema_version,
+)
 from tests.support import newest_run, run_cli, write_manifest
 
 # The first schema exactly as version 1 shipped it, kept here so the test does not depend on the

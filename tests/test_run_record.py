@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import record_metrics
 from harness.errors import UserError
-from harness.result_store import ResultStore
-from harness.run_record import LOADGEN, RUN_SCHEMA_VERSION, RunRecord, read_record_file
+from harness.records import record_metrics
+from harness.records.run_record import (
+    LOADGEN,
+    RUN_SCHEMA_VERSION,
+    RunRecord,
+    read_record_file,
+)
+from harness.store.result_store import ResultStore
 from harness.submission.runs import collect
 from tests.support import newest_run, run_cli, scenario_root
 

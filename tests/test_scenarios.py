@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.loadgen_logs import parse_summary
-from harness.settings import SCENARIOS
+from harness.records.loadgen_logs import parse_summary
+from harness.running.settings import SCENARIOS
 from tests.support import read_run, run_cli, scenario_root
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.loadgen_logs import parse_summary
-from harness.settings import build_settings
+from harness.records.loadgen_logs import parse_summary
+from harness.running.settings import build_settings
 from tests.support import read_run, run_cli, scenario_root
 
 HINTS = {"*": {"min_query_count": 5}, "Offline": {"target_qps": 10, "min_duration": 100}}
@@ -76,7 +76,7 @@ def test_loadgen_uses_the_merged_settings_and_they_are_saved(tmp_path: Path) -> 
 
 
 def _conf_problems(detail: Path) -> tuple[list[str], int]:
-    from harness.loadgen_logs import detail_problems, detail_values
+    from harness.records.loadgen_logs import detail_problems, detail_values
 
     errors = [e for e in detail_problems(detail)["errors"] if "conf" in e.lower()]
     return errors, detail_values(detail, ("effective_qsl_rng_seed",))["effective_qsl_rng_seed"]

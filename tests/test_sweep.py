@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from harness.errors import UserError
-from harness.loadgen_logs import parse_summary
-from harness.result_store import ResultStore
-from harness.sweep_grid import Cell, load_grid
+from harness.records.loadgen_logs import parse_summary
+from harness.store.result_store import ResultStore
+from harness.sweeps.sweep_grid import Cell, load_grid
 from tests.support import REPO, run_cli, write_manifest
 
 FLAKY_MODEL = """\

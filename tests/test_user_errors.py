@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from harness import run_record
 from harness.errors import UserError, require
-from harness.run_record import RUN_SCHEMA_VERSION, RunRecord
-from harness.settings import build_settings, validate_loadgen_settings
+from harness.records import run_record
+from harness.records.run_record import RUN_SCHEMA_VERSION, RunRecord
+from harness.running.settings import build_settings, validate_loadgen_settings
 from harness.submission import compliance
 from specs.manifests import load_manifest
 from sut import backends
@@ -117,7 +117,7 @@ def test_both_issue_modes_and_an_index_past_the_samples_are_refused() -> None:
 
 
 def test_every_loadgen_key_has_a_rule() -> None:
-    from harness import settings
+    from harness.running import settings
 
     assert set(settings.LOADGEN_KEYS) == set(settings._LOADGEN_VALUES) | set(settings._IGNORED_KEYS)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def cmd_compare_outputs(args: argparse.Namespace) -> int:
     from harness.atomic_io import write_json
-    from harness.divergence import Tolerance, compare_backends
+    from harness.compare.divergence import Tolerance, compare_backends
     from specs.index import default_index
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())

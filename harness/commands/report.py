@@ -8,7 +8,7 @@ from harness.commands.results import add_db_arguments, open_store
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report import run_report, sweep_report
+    from harness.compare.report import run_report, sweep_report
 
     with open_store(args) as store:
         if args.run:

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.settings import SCENARIOS
+from harness.running.settings import SCENARIOS
 
 if TYPE_CHECKING:
-    from harness.run_record import RunRecord
+    from harness.records.run_record import RunRecord
 
 
 def add_db_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,13 +19,13 @@ def add_db_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_store(args: argparse.Namespace, create: bool = False):  # noqa: ANN201 - ResultStore, imported lazily
-    from harness.result_store import ResultStore, resolve_db_path
+    from harness.store.result_store import ResultStore, resolve_db_path
 
     return ResultStore(resolve_db_path(args.db, args.results_dir), create=create)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from harness.result_store import RunFilter
+    from harness.store.result_store import RunFilter
     from harness.tables import format_table
 
     flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
@@ -83,7 +83,7 @@ def describe(record: RunRecord, figures: dict[str, float]) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from harness.run_record import RunRecord
+    from harness.records.run_record import RunRecord
 
     with open_store(args) as store:
         data = store.get_run(args.run_id)  # the stored dict: --json prints every field, known or not
@@ -105,7 +105,8 @@ def _flat_settings(record: RunRecord) -> dict[str, Any]:
 
 
 def compare_text(first: RunRecord, second: RunRecord) -> str:
-    from harness import comparability, record_metrics
+    from harness.compare import comparability
+    from harness.records import record_metrics
     from harness.tables import format_table
 
     a, b = first.figures(), second.figures()
@@ -137,7 +138,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.result_store import load_run_files
+    from harness.store.result_store import load_run_files
 
     records = load_run_files([Path(p) for p in args.paths])  # every file checked before anything is stored
     with open_store(args, create=True) as store:
@@ -158,7 +159,7 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.sweep import sweep_summary
+    from harness.sweeps.sweep import sweep_summary
 
     with open_store(args) as store:
         print(sweep_summary(store, args.sweep_id))

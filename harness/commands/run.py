@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.request import add_request_arguments, request_from_args
-from harness.settings import MODES, SCENARIOS
+from harness.running.request import add_request_arguments, request_from_args
+from harness.running.settings import MODES, SCENARIOS
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -5,8 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.request import REQUEST_FLAGS, add_request_arguments, request_fields
-from harness.settings import SCENARIOS
+from harness.running.request import REQUEST_FLAGS, add_request_arguments, request_fields
+from harness.running.settings import SCENARIOS
 
 # The run-request flags a submission session takes (its runs' timeout, software and reference are its own).
 SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick")

@@ -8,8 +8,8 @@ from harness.commands.results import add_db_arguments
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.result_store import ResultStore, resolve_db_path
-    from harness.sweep import SweepOptions, best_table, run_sweep, sweep_rows
+    from harness.store.result_store import ResultStore, resolve_db_path
+    from harness.sweeps.sweep import SweepOptions, best_table, run_sweep, sweep_rows
 
     options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.loadgen_logs import detail_problems, detail_values
+from harness.records.loadgen_logs import detail_problems, detail_values
 from harness.submission import accuracy_txt
 from harness.submission.layout import SubmitterTree, find_trees
 from harness.submission.rules import (

@@ -17,9 +17,9 @@ from typing import Any
 
 from harness.atomic_io import write_json, write_text
 from harness.errors import UserError
-from harness.loadgen_logs import parse_summary
-from harness.run_record import RunRecord
-from harness.settings import PROTECTED_KEYS, Settings
+from harness.records.loadgen_logs import parse_summary
+from harness.records.run_record import RunRecord
+from harness.running.settings import PROTECTED_KEYS, Settings
 from harness.submission import accuracy_txt, system_json
 from harness.submission.layout import SubmitterTree
 from harness.submission.rules import (

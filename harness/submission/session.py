@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.atomic_io import write_json
 from harness.errors import UserError
-from harness.settings import SCENARIOS
+from harness.running.settings import SCENARIOS
 from harness.submission.compliance import parse_tests, record_outcomes, run_audit
 from harness.submission.runs import STEPS_FILE
 
@@ -54,7 +54,7 @@ def _fingerprint(options: SessionOptions) -> str:
 
 
 def _request(options: SessionOptions, scenario: str, command: str) -> Any:
-    from harness.runner import RunRequest
+    from harness.running.runner import RunRequest
 
     return RunRequest(model=options.model, scenario=scenario, mode="performance", dataset=options.dataset,
                       backend=options.backend, hardware=options.hardware, quick=options.quick,
@@ -152,8 +152,8 @@ def _save_record(scenario_dir: Path, mode: str, record: dict[str, Any]) -> None:
 
 
 def run_session(options: SessionOptions) -> int:
-    from harness import system as system_mod
-    from harness.runner import select_model
+    from harness.running import system as system_mod
+    from harness.running.runner import select_model
     from harness.submission.rules import benchmark_for
     from specs.index import default_index
 
@@ -210,8 +210,8 @@ def run_session(options: SessionOptions) -> int:
 def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: Path) -> dict[str, Any]:
     if step in ("performance", "accuracy"):
         from harness.commands.run import format_summary
-        from harness.launcher import run_request
-        from harness.runner import run_arguments
+        from harness.running.launcher import run_request
+        from harness.running.runner import run_arguments
 
         request = replace(_request(options, scenario, ""), mode=step)
         request = replace(request, command=shlex.join(["mlharness", *run_arguments(request, with_results_dir=True)]))

@@ -335,7 +335,7 @@ _MODES = {"performance": "PerformanceOnly", "accuracy": "AccuracyOnly", "find-pe
 
 
 def loadgen_config_loaded() -> bool:
-    """True once this process has applied a LoadGen configuration (a run has its own process: harness.launcher)."""
+    """True once this process has applied a LoadGen configuration (a run has its own process: harness.running.launcher)."""
     return bool(_LOADED)
 
 
@@ -354,7 +354,7 @@ def apply_to_loadgen(settings: Settings, user_conf_path: Path) -> Any:
         _LOADED.update(key=key, test=test)
     elif _LOADED["key"] != key:
         raise RuntimeError("LoadGen was already configured in this process with other settings; "
-                           "run each benchmark in its own process (harness.launcher)")
+                           "run each benchmark in its own process (harness.running.launcher)")
     test = _LOADED["test"]
     test.mode = getattr(lg.TestMode, _MODES[settings.mode])
     return test

@@ -8,8 +8,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import record_metrics
 from harness.errors import UserError
+from harness.records import record_metrics
 
 # What a record measured. A LoadGen test (every run so far) has a scenario, LoadGen settings and a
 # LoadGen summary; later kinds (layer benchmarks, LLM token runs) will not, so a reader that needs
@@ -24,7 +24,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # MIGRATIONS[n] takes a version n + 1 record (a run.json dict) to version n + 2, as the results
-# database migrates (harness.result_store). Older records are migrated forward when read, newer
+# database migrates (harness.store.result_store). Older records are migrated forward when read, newer
 # ones are refused rather than guessed at.
 MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2]
 RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
@@ -177,11 +177,11 @@ class RunRecord:
         return [(kind, ref) for kind, ref in refs if ref]
 
     def figures(self) -> dict[str, float]:
-        """Every named numeric figure (harness.record_metrics.flatten)."""
+        """Every named numeric figure (harness.records.record_metrics.flatten)."""
         return record_metrics.flatten(self)
 
     def headline(self) -> tuple[str, float | None]:
-        """(figure name, value) of the scenario's headline metric (harness.record_metrics.headline)."""
+        """(figure name, value) of the scenario's headline metric (harness.records.record_metrics.headline)."""
         return record_metrics.headline(self)
 
     @classmethod

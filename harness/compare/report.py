@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from harness.atomic_io import write_bytes, write_text
-from harness.run_record import RunRecord
+from harness.records.run_record import RunRecord
 from harness.tables import format_value
 
 PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
@@ -312,7 +312,7 @@ def run_report(store: Any, run_id: str, out_dir: Path) -> Path:
 
 
 def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
-    from harness.sweep import best_configurations, sweep_rows
+    from harness.sweeps.sweep import best_configurations, sweep_rows
 
     rows = sweep_rows(store, sweep_id)
     # sweep_rows gives each cell's stored record dict, already migrated by the store.

@@ -1,5 +1,5 @@
 """RunRequest: everything that decides one run, frozen and validated when built. Its JSON form
-(`to_json`/`from_json`) is the only form that crosses a process boundary (see harness.launcher)."""
+(`to_json`/`from_json`) is the only form that crosses a process boundary (see harness.running.launcher)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.errors import UserError
-from harness.settings import MODES, SCENARIOS
+from harness.running.settings import MODES, SCENARIOS
 
 DEFAULT_RESULTS_DIR = Path("results")
 # A whole run (all its LoadGen tests) longer than this is stopped and recorded as failed. Full-length

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.request import RunRequest
-from harness.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
+from harness.running.request import RunRequest
+from harness.running.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
 from specs.validation import load_yaml
 
 GRID_SCHEMA_VERSION = 1

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.errors import UserError
-from harness.metrics import MetricResult, get_metric
+from harness.running.metrics import MetricResult, get_metric
 from specs.manifests import ReferenceLog, TensorSpec
 
 

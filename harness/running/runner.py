@@ -10,15 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import accuracy as accuracy_mod
-from harness import results
-from harness import system as system_mod
 from harness.atomic_io import write_json, write_text
 from harness.errors import RunFailed, UserError
-from harness.loadgen_logs import detail_problems, parse_summary
-from harness.request import DEFAULT_RESULTS_DIR, RunRequest
-from harness.run_record import RunRecord, new_run_id, utc_now
-from harness.settings import (
+from harness.records import results
+from harness.records.loadgen_logs import detail_problems, parse_summary
+from harness.records.run_record import RunRecord, new_run_id, utc_now
+from harness.running import accuracy as accuracy_mod
+from harness.running import system as system_mod
+from harness.running.request import DEFAULT_RESULTS_DIR, RunRequest
+from harness.running.settings import (
     Settings,
     apply_to_loadgen,
     build_settings,
@@ -84,7 +84,7 @@ def prepare_settings(request: RunRequest, model: ModelManifest) -> Settings:
 
 
 def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
-    from harness.settings import HARNESS_DEFAULTS
+    from harness.running.settings import HARNESS_DEFAULTS
 
     options = {"max_batch_size": int(model.attributes.get("max_batch_size", 1)), **HARNESS_DEFAULTS}
     options.update(settings.harness)
@@ -92,7 +92,7 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
 
 
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
-    """The run itself, in this process (the launcher's child): `guard` (harness.launcher.RunGuard)
+    """The run itself, in this process (the launcher's child): `guard` (harness.running.launcher.RunGuard)
     is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
     from specs.index import default_index
 

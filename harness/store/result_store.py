@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from harness.errors import UserError
-from harness.run_record import RunRecord, migrate_record
+from harness.records.run_record import RunRecord, migrate_record
 
 DB_FILENAME = "mlharness.sqlite"
 DB_ENV = "MLHARNESS_DB"
@@ -360,6 +360,6 @@ def store_record_file(store: ResultStore, path: Path) -> str:
 
 def load_record_file(path: Path) -> dict[str, Any]:
     """One run.json as a dict, checked and migrated to this mlharness's schema as RunRecord.load does."""
-    from harness.run_record import read_record_file
+    from harness.records.run_record import read_record_file
 
     return read_record_file(path)

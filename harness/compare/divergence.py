@@ -155,7 +155,7 @@ def compare_arrays(name: str, role: str, spec: TensorSpec | None, a: np.ndarray,
 def compare_backends(index: SpecIndex, model_name: str, dataset_name: str | None, backends: tuple[str, str],
                      tolerance: Tolerance, hardware: str = "cpu", limit: int = 0,
                      batch_size: int = 0) -> DivergenceReport:
-    from harness.runner import select_model
+    from harness.running.runner import select_model
 
     if len(backends) != 2 or backends[0] == backends[1]:
         raise UserError(f"--backends: expected two different backends such as torch,onnxruntime, got {','.join(backends)}")

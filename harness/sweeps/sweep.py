@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness import record_metrics
 from harness.errors import RunInterrupted, UserError
-from harness.result_store import ResultStore
-from harness.run_record import utc_now
-from harness.sweep_grid import Cell, Grid, load_grid
+from harness.records import record_metrics
+from harness.records.run_record import utc_now
+from harness.store.result_store import ResultStore
+from harness.sweeps.sweep_grid import Cell, Grid, load_grid
 from harness.tables import format_table
 
 STDERR_KEPT_CHARS = 8000  # the tail of a failed cell's stderr kept in the database
@@ -112,7 +112,7 @@ def _clock(seconds: float) -> str:
 def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
     """Submit the cell's RunRequest to the launcher (a fresh process with the sweep's timeout and
     results dir; the record goes to the sweep's database from here); returns {status, run_id, error, stderr}."""
-    from harness.launcher import LocalLauncher
+    from harness.running.launcher import LocalLauncher
 
     request = cell.request_for(results_dir.resolve(), timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:

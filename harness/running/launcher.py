@@ -36,8 +36,8 @@ from typing import Any, Callable, Protocol
 
 from harness.atomic_io import write_json, write_text
 from harness.errors import RunFailed, RunInterrupted, UserError
-from harness.request import RunRequest
-from harness.run_record import RunRecord, new_run_id, utc_now
+from harness.records.run_record import RunRecord, new_run_id, utc_now
+from harness.running.request import RunRequest
 
 OUTCOME_SCHEMA_VERSION = 1
 GRACE_SECONDS = 1.5  # between forwarding a signal and killing the child's process group
@@ -170,7 +170,7 @@ def store_record(record: RunRecord, db_path: Path | None = None) -> None:
     directory's). A database that cannot take it is one line; the run's files stay in place."""
     import sqlite3
 
-    from harness import result_store
+    from harness.store import result_store
 
     try:
         if db_path is not None:
@@ -222,7 +222,7 @@ class LocalLauncher:
 
     def _run_child(self, request: RunRequest, workdir: Path) -> Outcome:
         write_text(workdir / "request.json", request.to_json())
-        command = [sys.executable, "-m", "harness.launcher", str(workdir)]
+        command = [sys.executable, "-m", "harness.running.launcher", str(workdir)]
         env = dict(os.environ)
         # The child must import this very harness, wherever the parent found it (a checkout or a wheel).
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -485,7 +485,7 @@ def child_main(workdir: Path) -> None:
     try:
         request = RunRequest.from_json((workdir / "request.json").read_text())
         _run_deadline(guard, request.timeout)
-        from harness import runner
+        from harness.running import runner
 
         record = runner.run_here(request, guard)
         outcome = Outcome(kind="result", record=record)

@@ -1,0 +1,1 @@
+"""The results database (SQLite): every run's record, its figures, sweeps."""

@@ -1,0 +1,1 @@
+"""Sweeps: grids of runs, each cell a RunRequest through the launcher, resumable."""
