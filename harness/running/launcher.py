@@ -237,6 +237,7 @@ class LocalLauncher:
         stop: list[int] = []  # the signal that asked us to stop, if any
         restore = _catch_stop_signals(stop)
         deadline = time.monotonic() + request.timeout + self.grace + 5.0
+        forwarded = False
         try:
             while True:
                 try:
@@ -246,9 +247,9 @@ class LocalLauncher:
                     pass
                 except _StopRequested:
                     pass
-                if stop and not getattr(child, "_mlharness_forwarded", False):
+                if stop and not forwarded:
                     _signal_group(child, stop[0])
-                    child._mlharness_forwarded = True  # type: ignore[attr-defined]
+                    forwarded = True
                     deadline = min(deadline, time.monotonic() + self.grace)
                 if time.monotonic() > deadline:
                     _signal_group(child, signal.SIGKILL)
@@ -264,10 +265,8 @@ class LocalLauncher:
     def _outcome(self, workdir: Path, returncode: int, stopped_by: int | None, request: RunRequest) -> Outcome:
         path = workdir / "outcome.json"
         if path.is_file():
-            outcome = Outcome.from_dict(json.loads(path.read_text()), str(path))
-            if stopped_by is not None and outcome.kind == "result":
-                return outcome  # it finished before the signal reached it
-            return outcome
+            # The child's own word, also after a signal: it may have finished before the signal came.
+            return Outcome.from_dict(json.loads(path.read_text()), str(path))
         # No envelope: the child ended abnormally (os._exit, a signal, a crash) or was killed by us.
         if stopped_by is not None:
             why = f"interrupted by {signal.Signals(stopped_by).name}"
