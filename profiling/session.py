@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.atomic_io import write_json
-from profiling import overhead, tracer_class
 from profiling.clock import CLOCK_NAME, ClockAnchor, now_ns
 from profiling.framework_tracer import operator_table
+from profiling.registry import tracer_class
+from profiling.overhead import calibrate as calibrate_overhead
 from profiling.timeline import build as build_timeline
 from profiling.tracer import LevelResult, TraceContext, Tracer
 
@@ -46,7 +47,7 @@ class ProfileSession:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ctx = self._ctx = TraceContext(runtime, self.out_dir, ClockAnchor.measure(), self.scenario)
         if self.calibrate:
-            self.overhead = overhead.calibrate(self.levels, runtime, self._scratch_tracer)
+            self.overhead = calibrate_overhead(self.levels, runtime, self._scratch_tracer)
         for level in self.levels:
             tracer = tracer_class(level)(ctx)
             reason = tracer.unavailable(ctx)

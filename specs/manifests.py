@@ -8,7 +8,7 @@ import importlib.metadata
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from harness.errors import UserError
 from specs.validation import NAME, SEMVER, SHA256, Checker, load_yaml
@@ -45,6 +45,21 @@ def known_names(kind: str) -> list[str]:
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
     """The installed distributions' entry points of `group` by name; nothing is imported."""
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
+
+
+class PluginEntryPoints:
+    """A registry's entry points: read at first call (nothing imported), without the names the
+    registry has built in; each registry (backends, metrics, tracers) keeps one."""
+
+    def __init__(self, group: str, builtin: Mapping[str, Any]):
+        self.group = group
+        self._builtin = builtin
+        self._found: dict[str, importlib.metadata.EntryPoint] | None = None
+
+    def __call__(self) -> dict[str, importlib.metadata.EntryPoint]:
+        if self._found is None:
+            self._found = {name: ep for name, ep in entry_points(self.group).items() if name not in self._builtin}
+        return self._found
 
 
 def load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:

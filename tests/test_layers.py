@@ -41,7 +41,7 @@ def import_graph() -> dict[str, set[str]]:
                 continue
             deps |= {found for target in targets if (found := _resolve(target, modules))}
         deps.discard(name)
-        graph[name] = {d for d in deps if not name.startswith(d + ".")}  # a submodule's own package
+        graph[name] = deps
     return graph
 
 

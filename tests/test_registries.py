@@ -238,7 +238,7 @@ def test_a_name_registered_at_runtime_is_valid_in_manifests(tmp_path: Path, monk
 
     with pytest.raises(harness.UserError, match="--profile: expected a comma list of harness, .*, got 'extra'"):
         profiling.parse_levels("extra")
-    monkeypatch.setitem(profiling._TRACERS, "extra", Extra)
+    monkeypatch.setitem(profiling.registry._TRACERS, "extra", Extra)  # the registry lives in profiling.registry
     assert profiling.parse_levels("full")[-1] == "extra" and profiling.tracer_class("extra") is Extra
 
     with pytest.raises(harness.UserError, match="metric: expected one of"):

@@ -24,7 +24,6 @@ class MetricResult:
 
 Metric = Callable[[Mapping[int, np.ndarray], Sequence[Any], dict[str, Any]], MetricResult]
 _METRICS: dict[str, Metric] = {}
-_PLUGINS: dict[str, Any] | None = None  # name -> entry point, read at first use, loaded when used
 
 
 def metric(name: str) -> Callable[[Metric], Metric]:
@@ -34,11 +33,7 @@ def metric(name: str) -> Callable[[Metric], Metric]:
     return register
 
 
-def _plugins() -> dict[str, Any]:
-    global _PLUGINS
-    if _PLUGINS is None:
-        _PLUGINS = {name: ep for name, ep in manifests.entry_points(ENTRY_POINT_GROUP).items() if name not in _METRICS}
-    return _PLUGINS
+_plugins = manifests.PluginEntryPoints(ENTRY_POINT_GROUP, _METRICS)  # read at first use, loaded when used
 
 
 def get_metric(name: str, where: str) -> Metric:

@@ -22,7 +22,6 @@ _REGISTRY: dict[str, Target] = {
 # name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
 _EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch"}
 # name -> entry point not loaded yet; read at first use, loaded when its backend is created.
-_PLUGINS: dict[str, Any] | None = None
 
 
 def register(name: str, target: Target, extra: str | None = None) -> None:
@@ -33,11 +32,7 @@ def register(name: str, target: Target, extra: str | None = None) -> None:
         _EXTRAS[name] = extra
 
 
-def _plugins() -> dict[str, Any]:
-    global _PLUGINS
-    if _PLUGINS is None:
-        _PLUGINS = {name: ep for name, ep in manifests.entry_points(ENTRY_POINT_GROUP).items() if name not in _REGISTRY}
-    return _PLUGINS
+_plugins = manifests.PluginEntryPoints(ENTRY_POINT_GROUP, _REGISTRY)  # read at first use, loaded when used
 
 
 def names() -> list[str]:
