@@ -125,8 +125,12 @@ def rebuild_view(scenario_root: Path) -> None:
         for name in sorted(new):
             _swap_in(build / name, scenario_root / name, trash)
         for old in scenario_root.iterdir():
-            if _is_view_entry(old.name) and old.name not in new:
-                _swap_in(old, trash / old.name, trash) if old.is_dir() else old.unlink()
+            if not _is_view_entry(old.name) or old.name in new:
+                continue
+            if old.is_dir():
+                os.replace(old, trash / old.name)  # an entry the chosen runs no longer have (a profile)
+            else:
+                old.unlink()
         shutil.rmtree(build, ignore_errors=True)
         shutil.rmtree(trash, ignore_errors=True)
 
