@@ -94,6 +94,16 @@ def assert_intact(results: Path, before: dict[str, str]) -> None:
 LONG = ("--scenario", "SingleStream", "--set", "min_duration=60000", "--set", "min_query_count=100000000")
 
 
+def start_long_run(results: Path) -> subprocess.Popen:
+    """A 60 s null run, returned once its staging folder is claimed (owner.json written)."""
+    proc = start(results, "null", *LONG)
+    deadline = time.monotonic() + 60
+    while not list(results.rglob(".staging-*/owner.json")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    return proc
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_run_stops_within_two_seconds(earlier: tuple[Path, dict[str, str]], sig: int) -> None:
     results, before = earlier
@@ -121,11 +131,7 @@ def test_signal_mid_run_stops_within_two_seconds(earlier: tuple[Path, dict[str, 
 
 def test_killed_run_is_closed_by_the_next_run(earlier: tuple[Path, dict[str, str]]) -> None:
     results, before = earlier
-    proc = start(results, "null", *LONG)
-    deadline = time.monotonic() + 60
-    while not list(results.rglob(".staging-*/owner.json")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
+    proc = start_long_run(results)
     time.sleep(2)
     # SIGKILL to the launcher and its run alike: nothing gets to clean up.
     import psutil
@@ -150,11 +156,7 @@ def test_killed_launcher_fails_its_run(earlier: tuple[Path, dict[str, str]]) -> 
     """SIGKILL to the launching process only: its run notices, keeps its logs as a failed run and
     records it in the database itself, since nobody else will."""
     results, before = earlier
-    proc = start(results, "null", *LONG)
-    deadline = time.monotonic() + 60
-    while not list(results.rglob(".staging-*/owner.json")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
+    proc = start_long_run(results)
     time.sleep(1)
     proc.kill()
     proc.communicate(timeout=30)
