@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -43,3 +44,107 @@ def newest_run(results: Path, model: str, scenario: str) -> dict:
     files = sorted(scenario_root(results, model, scenario).glob("runs/*/run.json"))
     assert files, f"no runs of {model} {scenario} under {results}"
     return json.loads(files[-1].read_text())
+
+
+def copy_specs(dest: Path) -> Path:
+    """A copy of the shipped specs/ at `dest`, for tests that add or edit manifests (point
+    MLHARNESS_SPECS at it; tests/conftest.py's `specs_copy` fixture does both)."""
+    shutil.copytree(REPO / "specs", dest)
+    return dest
+
+
+def run_ids(results: Path) -> set[str]:
+    """Ids of the runs stored in a results directory's database (none when it has no database)."""
+    from harness.store.result_store import ResultStore
+
+    if not (results / "mlharness.sqlite").exists():
+        return set()
+    with ResultStore(results / "mlharness.sqlite") as store:
+        return {row["run_id"] for row in store.list_runs()}
+
+
+def run_new(results: Path, *args: str | Path) -> str:
+    """`mlharness run ARGS --results-dir RESULTS`, which must succeed; the id of the run it stored.
+    Taken from the database, not the folders: two runs can start within the same clock tick."""
+    before = run_ids(results)
+    assert run_cli("run", *args, "--results-dir", results) == 0
+    (new,) = run_ids(results) - before
+    return new
+
+
+NULL_OFFLINE = ("null", "--scenario", "Offline", "--quick")
+
+
+def null_offline_pair(results: Path, *extra: str) -> dict[str, str]:
+    """A null Offline --quick performance run and an accuracy run into `results`: their run ids."""
+    return {"performance": run_new(results, *NULL_OFFLINE, *extra),
+            "accuracy": run_new(results, *NULL_OFFLINE, "--mode", "accuracy", *extra)}
+
+
+def failing_null_model(name: str = "flaky", *, bad_sample: int = -1, postprocess_calls: int = 10**9) -> str:
+    """A null-backend model manifest whose preprocess raises ValueError("cannot read this one") for
+    `bad_sample` and whose postprocess raises RuntimeError("postprocess blew up") once it has
+    returned `postprocess_calls` batches; one sample per batch."""
+    return textwrap.dedent(f"""\
+        kind: model
+        name: {name}
+        version: 1.0.0
+        framework: {{name: "null"}}
+        dataset: null-samples
+        inputs: [{{name: x, type: tensor, element_type: float32, shape: [batch, 1]}}]
+        outputs: [{{name: scores, type: scores, element_type: float32, shape: [batch, 10]}}]
+        preprocess: |
+          import numpy as np
+          def preprocess(sample, ctx):
+              if sample == {bad_sample}:
+                  raise ValueError("cannot read this one")
+              return np.array([sample], dtype=np.float32)
+        postprocess: |
+          def postprocess(outputs, ctx):
+              if ctx.cache.setdefault("calls", 0) >= {postprocess_calls}:
+                  raise RuntimeError("postprocess blew up")
+              ctx.cache["calls"] += 1
+              return outputs["scores"]
+        attributes:
+          max_batch_size: 1
+          settings: {{Offline: {{target_qps: 2000}}, Server: {{target_qps: 500}}, SingleStream: {{target_latency: 0.05}}}}
+        accuracy: {{metric: topk, k: [1]}}
+        """)
+
+
+def tiny_torch_model(name: str = "tiny-cnn") -> str:
+    """A PyTorch model manifest built in code (no weights file): a linear lift, a 3x3 convolution
+    and a linear head, seeded, over the null-samples dataset; batches of up to 8."""
+    return textwrap.dedent(f"""\
+        kind: model
+        name: {name}
+        version: 1.0.0
+        framework: {{name: torch, version: ">=2.0"}}
+        dataset: null-samples
+        inputs: [{{name: x, type: tensor, element_type: float32, shape: [batch, 1]}}]
+        outputs: [{{name: y, type: scores, element_type: float32, shape: [batch, 10]}}]
+        sources:
+          module:
+            factory: |
+              import torch
+              class TinyCNN(torch.nn.Module):
+                  def __init__(self):
+                      super().__init__()
+                      torch.manual_seed(0)
+                      self.lift = torch.nn.Linear(1, 3 * 16 * 16)
+                      self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+                      self.head = torch.nn.Linear(8, 10)
+                  def forward(self, x):
+                      h = torch.relu(self.conv(self.lift(x).view(-1, 3, 16, 16)))
+                      return self.head(h.mean(dim=(2, 3)))
+              def factory(ctx):
+                  return TinyCNN()
+        preprocess: |
+          import numpy as np
+          def preprocess(sample, ctx):
+              return np.array([sample % 7], dtype=np.float32)
+        attributes:
+          max_batch_size: 8
+          settings: {{Offline: {{target_qps: 2000}}}}
+        accuracy: {{metric: topk, k: [1]}}
+        """)

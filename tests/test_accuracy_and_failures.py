@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import read_run, run_cli, scenario_root, write_manifest
+from tests.support import failing_null_model, read_run, run_cli, scenario_root, write_manifest
 
 
 def _reference(folder: Path, top1: float, tolerance: float, outputs: str = "") -> Path:
@@ -77,44 +77,19 @@ def test_submission_mode_leaves_accuracy_and_performance(tmp_path: Path) -> None
     assert "mlharness run null --scenario SingleStream --mode submission" in (root / "README.md").read_text()
 
 
-FAILING_MODEL = """\
-    kind: model
-    name: flaky
-    version: 1.0.0
-    framework: {name: "null"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          if sample == %(bad_pre)d:
-              raise ValueError("cannot read this one")
-          return np.array([sample], dtype=np.float32)
-    postprocess: |
-      def postprocess(outputs, ctx):
-          x = outputs["scores"]
-          if ctx.cache.setdefault("calls", 0) >= %(bad_post_after)d:
-              raise RuntimeError("postprocess blew up")
-          ctx.cache["calls"] += 1
-          return x
-    attributes:
-      max_batch_size: 1
-      settings: {Offline: {target_qps: 2000}, Server: {target_qps: 500}, SingleStream: {target_latency: 0.05}}
-    accuracy: {metric: topk, k: [1]}
-    """
-
-
 @pytest.mark.parametrize("scenario", ["Offline", "Server", "SingleStream"])
 def test_postprocess_raising_mid_run_ends_cleanly(tmp_path: Path, specs_copy: Path, scenario: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    write_manifest(specs_copy / "models", "flaky.yaml", FAILING_MODEL % {"bad_pre": -1, "bad_post_after": 5})
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """One line on stderr, read from file descriptor 2: the run happens in a spawned child that
+    writes to the inherited descriptors, which capsys (sys.stderr only) never sees."""
+    write_manifest(specs_copy / "models", "flaky.yaml", failing_null_model(postprocess_calls=5))
     results = tmp_path / "r"
     assert run_cli("run", "flaky", "--scenario", scenario, "--quick", "--set", "min_duration=300",
                    "--results-dir", results) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "postprocess raised RuntimeError: postprocess blew up" in err and "sample " in err
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("mlharness: error: ") and "sample " in err
+    assert "postprocess raised RuntimeError: postprocess blew up" in err
     failed = list(results.glob(f"*/flaky/{scenario}/failed-*"))
     assert len(failed) == 1
     record = json.loads((failed[0] / "run.json").read_text())
@@ -125,21 +100,22 @@ def test_postprocess_raising_mid_run_ends_cleanly(tmp_path: Path, specs_copy: Pa
 
 
 def test_preprocess_failure_names_the_sample(tmp_path: Path, specs_copy: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    write_manifest(specs_copy / "models", "flaky.yaml", FAILING_MODEL % {"bad_pre": 17, "bad_post_after": 10**9})
+                                             capfd: pytest.CaptureFixture[str]) -> None:
+    write_manifest(specs_copy / "models", "flaky.yaml", failing_null_model(bad_sample=17))
     assert run_cli("run", "flaky", "--scenario", "Offline", "--mode", "accuracy", "--quick",
                    "--results-dir", tmp_path) == 1
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("mlharness: error: "), err
     assert "sample 17: preprocess raised ValueError: cannot read this one" in err
 
 
 def test_failed_run_keeps_earlier_good_results(tmp_path: Path, specs_copy: Path) -> None:
-    write_manifest(specs_copy / "models", "flaky.yaml", FAILING_MODEL % {"bad_pre": -1, "bad_post_after": 10**9})
+    write_manifest(specs_copy / "models", "flaky.yaml", failing_null_model())
     assert run_cli("run", "flaky", "--scenario", "Offline", "--quick", "--results-dir", tmp_path) == 0
     root = scenario_root(tmp_path, "flaky", "Offline")
     good_summary = (root / "performance" / "run_1" / "mlperf_log_summary.txt").read_bytes()
     good_run = json.loads((root / "run.json").read_text())
-    write_manifest(specs_copy / "models", "flaky.yaml", FAILING_MODEL % {"bad_pre": -1, "bad_post_after": 2})
+    write_manifest(specs_copy / "models", "flaky.yaml", failing_null_model(postprocess_calls=2))
     assert run_cli("run", "flaky", "--scenario", "Offline", "--quick", "--results-dir", tmp_path) == 1
     assert (root / "performance" / "run_1" / "mlperf_log_summary.txt").read_bytes() == good_summary
     assert json.loads((root / "run.json").read_text())["run_id"] == good_run["run_id"]
