@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test clean asan
+.PHONY: setup run test clean asan mutation
 
 setup: $(STAMP)
 
@@ -24,6 +24,16 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# Mutation testing of the core modules (docs/testing.md): per-module killed/survived counts on stdout
+# and in build/mutation/scores.json; `make mutation ARGS="--module gate"` runs one module.
+MUTMUT := mutmut==3.8.1
+$(VENV)/.mutmut-installed: $(STAMP)
+	$(PIP) install --quiet '$(MUTMUT)'
+	touch $@
+
+mutation: $(VENV)/.mutmut-installed
+	$(PY) tools/mutation/run.py $(ARGS)
 
 # The extension built with AddressSanitizer into its own tree (the in-place build stays as it is),
 # then its tests run there with libasan preloaded; PYTHONMALLOC=malloc lets ASan see Python's objects,

@@ -1,0 +1,170 @@
+"""`make mutation`: mutation-test the core modules with mutmut and report killed/survived per module.
+
+Each module is mutated in its own copy of the tree (build/mutation/<module>/), so the checkout is
+never changed and modules can be re-run alone (--module). Results: a table on stdout,
+build/mutation/scores.json, and each module's surviving mutants as diffs in
+build/mutation/<module>/survivors.diff (read them: kill each with a test or explain it in
+docs/testing.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+OUT = REPO / "build" / "mutation"
+SCHEMA_VERSION = 1
+# The packages a run imports; copied whole into each module's tree next to the mutated file.
+PACKAGES = ["harness", "sut", "specs", "profiling", "scenarios", "native", "setup.py", "bench"]
+
+
+def load_modules() -> dict[str, dict[str, list[str]]]:
+    modules = tomllib.loads((HERE / "modules.toml").read_text())
+    for name, entry in modules.items():
+        for path in entry["files"] + entry["tests"]:
+            if not (REPO / path).exists():
+                sys.exit(f"tools/mutation/modules.toml: {name}: {path} does not exist")
+    return modules
+
+
+def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None) -> tuple[Path, list[str]]:
+    """A copy of the tracked files (as in the working tree, or at commit `rev`) plus the built
+    extension, configured for this module; returns it and the selected tests that exist there."""
+    tree = OUT / name
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
+    if rev:
+        archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    else:
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout
+        for rel in filter(None, tracked.decode().split("\0")):
+            source = REPO / rel
+            if source.is_file():
+                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, tree / rel)
+        for rel in entry["tests"]:  # a new test file not yet added to git
+            shutil.copy2(REPO / rel, tree / rel)
+    tests = [t for t in entry["tests"] if (tree / t).is_file()]
+    for built in (REPO / "sut").glob("_native*.so"):
+        shutil.copy2(built, tree / "sut" / built.name)
+    config = {
+        "source_paths": entry["files"],
+        "also_copy": PACKAGES,
+        "pytest_add_cli_args": ["-p", "mutation_bridge"],
+        "pytest_add_cli_args_test_selection": tests,
+        # A mutant that stops responses makes a LoadGen test wait: call it a timeout at 4x the
+        # selected tests' clean time (+10 s for a shared machine), not mutmut's default 15x.
+        "timeout_multiplier": 4.0,
+        "timeout_constant": 10.0,
+    }
+    with open(tree / "pyproject.toml", "a") as pyproject:
+        pyproject.write("\n[tool.mutmut]\n")
+        for key, value in config.items():
+            pyproject.write(f"{key} = {json.dumps(value)}\n")
+    return tree, tests
+
+
+def run_mutmut(tree: Path, children: int) -> float:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    started = time.monotonic()
+    with open(tree / "mutmut.log", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
+                              cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = (tree / "mutmut.log").read_text(errors="replace")[-2000:]
+        sys.exit(f"mutmut failed in {tree} (exit {done.returncode}); end of mutmut.log:\n{tail}")
+    return time.monotonic() - started
+
+
+REPORT = r"""
+import json, sys
+from mutmut.__main__ import collect_source_file_mutation_data
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+from mutmut.stats import status_by_exit_code
+statuses, diffs = {}, []
+for path, data in collect_source_file_mutation_data(mutant_names=())[1].items():
+    for mutant, code in data.exit_code_by_key.items():
+        status = status_by_exit_code[code]
+        statuses[mutant] = status
+        if status not in ("killed", "timeout", "segfault"):
+            diffs.append(f"# {mutant}: {status}\n" + get_diff_for_mutant(mutant, path=path))
+json.dump({"statuses": statuses, "diffs": diffs}, sys.stdout)
+"""
+
+
+def collect(tree: Path) -> dict[str, object]:
+    """Statuses of every mutant, read with mutmut's own functions in the module's tree."""
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    done = subprocess.run([sys.executable, "-c", REPORT], cwd=tree, env=env, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+def score(statuses: dict[str, str]) -> dict[str, object]:
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    detected = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("segfault", 0)
+    counted = len(statuses) - counts.get("skipped", 0)
+    return {"total": len(statuses), "killed": counts.get("killed", 0), "timeout": counts.get("timeout", 0),
+            "survived": counts.get("survived", 0), "no_tests": counts.get("no tests", 0),
+            "other": {k: v for k, v in counts.items()
+                      if k not in ("killed", "timeout", "survived", "no tests")},
+            "score": round(detected / counted, 4) if counted else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    modules = load_modules()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", action="append", choices=sorted(modules),
+                        help="mutate only this module (repeatable); default: all")
+    parser.add_argument("--rev", help="mutate the tree as committed at this revision (default: the working "
+                        "tree); selected tests absent there are left out")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2,
+                        help="mutants tested at once (default: the CPU count)")
+    args = parser.parse_args(argv)
+    chosen = args.module or list(modules)
+    scores_file = OUT / (f"scores-{args.rev}.json" if args.rev else "scores.json")
+    previous = json.loads(scores_file.read_text()) if scores_file.exists() else {}
+    results = previous.get("modules", {}) if previous.get("schema_version") == SCHEMA_VERSION else {}
+    print(f"{'module':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
+          f"{'score':>8}{'seconds':>9}", flush=True)
+    for name in chosen:
+        entry = modules[name]
+        tree, tests = prepare_tree(name, entry, args.rev)
+        seconds = run_mutmut(tree, args.children)
+        found = collect(tree)
+        (tree / "survivors.diff").write_text("\n".join(found["diffs"]))
+        figures = score(found["statuses"]) | {"files": entry["files"], "tests": tests,
+                                              "rev": args.rev or "working tree", "seconds": round(seconds, 1)}
+        results[name] = figures
+        shown = f"{figures['score']:.1%}" if figures["score"] is not None else "-"
+        print(f"{name:<14}{figures['total']:>8}{figures['killed']:>8}{figures['timeout']:>8}"
+              f"{figures['survived']:>9}{figures['no_tests']:>9}{shown:>8}{seconds:>9.0f}", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = scores_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "tool": "mutmut " + mutmut_version(),
+                               "modules": results}, indent=2, sort_keys=True) + "\n")
+    tmp.replace(scores_file)
+    print(f"scores: {scores_file.relative_to(REPO)}; survivors: build/mutation/<module>/survivors.diff")
+    return 0
+
+
+def mutmut_version() -> str:
+    from importlib.metadata import version
+
+    return version("mutmut")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
