@@ -26,7 +26,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 # Mutation testing of the core modules (docs/testing.md): per-module killed/survived counts on stdout
-# and in build/mutation/scores.json; `make mutation ARGS="--module gate"` runs one module.
+# and in build/mutation/work/scores.json; `make mutation ARGS="--module gate"` runs one module.
 MUTMUT := mutmut==3.8.1
 $(VENV)/.mutmut-installed: $(STAMP)
 	$(PIP) install --quiet '$(MUTMUT)'

@@ -1,9 +1,10 @@
 """`make mutation`: mutation-test the core modules with mutmut and report killed/survived per module.
 
-Each module is mutated in its own copy of the tree (build/mutation/<module>/), so the checkout is
-never changed and modules can be re-run alone (--module). Results: a table on stdout,
-build/mutation/scores.json, and each module's surviving mutants as diffs in
-build/mutation/<module>/survivors.diff (read them: kill each with a test or explain it in
+Each module is mutated in its own copy of the tree (build/mutation/work/<module>/, or
+build/mutation/<rev>/<module>/ with --rev), so the checkout is never changed and modules can be
+re-run alone (--module). Results: a table on stdout, build/mutation/work/scores.json (every module
+measured so far), and each module's surviving mutants as diffs in
+build/mutation/work/<module>/survivors.diff (read them: kill each with a test or explain it in
 docs/testing.md)."""
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def load_modules() -> dict[str, dict[str, list[str]]]:
 def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None) -> tuple[Path, list[str]]:
     """A copy of the tracked files (as in the working tree, or at commit `rev`) plus the built
     extension, configured for this module; returns it and the selected tests that exist there."""
-    tree = OUT / name
+    tree = OUT / (rev or "work") / name
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
     if rev:
@@ -134,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="mutants tested at once (default: the CPU count)")
     args = parser.parse_args(argv)
     chosen = args.module or list(modules)
-    scores_file = OUT / (f"scores-{args.rev}.json" if args.rev else "scores.json")
-    previous = json.loads(scores_file.read_text()) if scores_file.exists() else {}
-    results = previous.get("modules", {}) if previous.get("schema_version") == SCHEMA_VERSION else {}
+    label = args.rev or "work"
     print(f"{'module':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
           f"{'score':>8}{'seconds':>9}", flush=True)
     for name in chosen:
@@ -147,16 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         (tree / "survivors.diff").write_text("\n".join(found["diffs"]))
         figures = score(found["statuses"]) | {"files": entry["files"], "tests": tests,
                                               "rev": args.rev or "working tree", "seconds": round(seconds, 1)}
-        results[name] = figures
+        (tree / "score.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         shown = f"{figures['score']:.1%}" if figures["score"] is not None else "-"
         print(f"{name:<14}{figures['total']:>8}{figures['killed']:>8}{figures['timeout']:>8}"
               f"{figures['survived']:>9}{figures['no_tests']:>9}{shown:>8}{seconds:>9.0f}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    tmp = scores_file.with_suffix(".tmp")
+    # Every module measured so far in this tree (a run of one module keeps the others' figures).
+    results = {path.parent.name: json.loads(path.read_text()) for path in sorted((OUT / label).glob("*/score.json"))}
+    scores_file = OUT / label / "scores.json"
+    tmp = scores_file.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "tool": "mutmut " + mutmut_version(),
                                "modules": results}, indent=2, sort_keys=True) + "\n")
     tmp.replace(scores_file)
-    print(f"scores: {scores_file.relative_to(REPO)}; survivors: build/mutation/<module>/survivors.diff")
+    print(f"scores: build/mutation/{label}/scores.json; survivors: build/mutation/{label}/<module>/survivors.diff")
     return 0
 
 
