@@ -7,7 +7,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from harness import commands
 from harness.errors import UserError
@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line as given (sys.argv is another program's when called in-process)
     try:
         return args.func(args)
     except UserError as exc:

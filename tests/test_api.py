@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import REPO
 
 API = ("run", "RunRequest", "RunRecord", "ResultStore", "load_manifest", "UserError")
@@ -66,3 +68,15 @@ def test_import_harness_alone_defers_the_request_and_store_modules(tmp_path: Pat
     result = _python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[]", "harness.running.request harness.store.result_store"]
+
+
+def test_the_recorded_command_is_the_one_given_to_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main(argv)` called in-process (by a notebook, pytest, mutmut) records argv, not the host
+    program's sys.argv, as the run's command and in its README's "Reproduce with"."""
+    from tests.support import newest_run, run_cli, scenario_root
+
+    monkeypatch.setattr(sys, "argv", ["mutmut", "run", "--max-children", "2"])
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", tmp_path) == 0
+    command = newest_run(tmp_path, "null", "Offline")["command"]
+    assert command == f"mlharness run null --scenario Offline --quick --results-dir {tmp_path}"
+    assert command in (scenario_root(tmp_path, "null", "Offline") / "README.md").read_text()

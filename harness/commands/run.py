@@ -22,7 +22,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tests = parse_tests(args.compliance)  # before the run: a typo must not cost a long run
     request = request_from_args(
         args, model=args.model, scenario=args.scenario, mode=args.mode, profile=_profile_levels(args.profile),
-        compliance=tests, command=shlex.join(["mlharness", *sys.argv[1:]]) if sys.argv[1:2] == ["run"] else "")
+        compliance=tests, command=_as_typed(args))
     tests = list(request.compliance)
     record = run(request)
     print(format_summary(record))
@@ -34,6 +34,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_outcomes(outcomes))
         verdict = "FAIL" if any(o["verdict"] == "FAIL" for o in outcomes.values()) else verdict
     return 1 if verdict == "FAIL" else 0
+
+
+def _as_typed(args: argparse.Namespace) -> str:
+    """The command as the user typed it when it was `mlharness run`; other callers (`submission run`)
+    leave it to the runner, which writes the equivalent run command."""
+    argv = getattr(args, "argv", None) or []
+    return shlex.join(["mlharness", *argv]) if argv[:1] == ["run"] else ""
 
 
 def _profile_levels(text: str | None) -> list[str]:
