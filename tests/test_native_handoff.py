@@ -103,10 +103,20 @@ def test_gather_large_copy_releases_gil_and_matches() -> None:
     np.testing.assert_array_equal(out, staged[rows])
 
 
-def test_gather_empty_batch() -> None:
-    staged = np.ones((4, 3), np.float32)
+@pytest.mark.parametrize("name", ["python", "native"])
+def test_gather_empty_batch(name: str) -> None:
+    """No rows is a batch too: nothing copied, nothing raised (an empty allocation or min() of no rows
+    must not fail), and the output is still checked against the row count and element type."""
+    handoff = PythonHandoff() if name == "python" else _native.NativeHandoff()
+    staged = np.arange(12, dtype=np.float32).reshape(4, 3)
     out = np.empty((0, 3), np.float32)
-    _native.NativeHandoff().gather(staged, np.array([], np.int64), out)
+    for rows in (np.array([], np.int64), np.array([], np.int32), np.array([], np.uint64)):
+        assert handoff.gather(staged, rows, out) is None
+    assert out.shape == (0, 3) and staged.tobytes() == np.arange(12, dtype=np.float32).tobytes()
+    with pytest.raises(ValueError):
+        handoff.gather(staged, np.array([], np.int64), np.empty((1, 3), np.float32))
+    with pytest.raises(TypeError):
+        handoff.gather(staged, np.array([], np.int64), np.empty((0, 3), np.float64))
 
 
 @pytest.mark.parametrize("name", ["python", "native"])
