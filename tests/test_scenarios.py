@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,19 +28,34 @@ def test_performance_run_writes_the_tree(tmp_path: Path, model: str, scenario: s
     record = read_run(results, model, scenario)
     assert record["status"] == "ok" and record["performance"]["metric"] == summary["metric"]
     assert not list(root.glob(".staging-*")), "staging folder must be gone after a run"
-    system_json = json.loads(next(results.glob("*.json")).read_text())
-    # Holds on any machine (a count the OS does not report is recorded as 1): only that it is recorded.
-    assert system_json["schema_version"] == 1 and system_json["detected"]["logical_cpus"] >= 1
+    (system_file,) = results.glob("*.json")
+    system_json = json.loads(system_file.read_text())
+    # The CPUs this machine has and those this process may run on (the run inherits its affinity).
+    assert system_json["schema_version"] == 1
+    assert system_json["detected"]["logical_cpus"] == os.cpu_count()
+    assert system_json["detected"]["cpus_available"] == len(os.sched_getaffinity(0))
 
 
-def test_batching_sends_whole_batches_to_a_symbolic_batch_graph(tmp_path: Path) -> None:
-    """light_resnet50 is made batchable by the recorded symbolic_batch transform."""
+def test_batching_sends_whole_batches_to_a_symbolic_batch_graph(tmp_path: Path, specs_copy: Path) -> None:
+    """light_resnet50 is made batchable by the recorded symbolic_batch transform, and ONNX Runtime
+    really computes batches of max_batch_size: the model's postprocess (a copy that also writes down
+    how many rows each call got back from the backend) sees 4 rows a call, not what was recorded."""
+    seen = tmp_path / "rows.txt"
+    manifest = specs_copy / "models" / "resnet50-light.yaml"
+    line = '      scores = outputs["gpu_0/softmax_1"]\n'
+    text = manifest.read_text()
+    assert line in text
+    manifest.write_text(text.replace(line, line + f'      open({str(seen)!r}, "a").write(f"{{len(scores)}}\\n")\n'))
     assert run_cli("run", "resnet50-light", "--scenario", "Offline", "--quick", "--set", "max_batch_size=4",
-                   "--results-dir", tmp_path) == 0
-    record = read_run(tmp_path, "resnet50-light", "Offline")
+                   "--results-dir", tmp_path / "r") == 0
+    record = read_run(tmp_path / "r", "resnet50-light", "Offline")
     assert record["backend_info"]["transforms"] == ["symbolic_batch"]
     assert len(record["backend_info"]["graph_sha256"]) == 64
     assert record["settings"]["harness"]["max_batch_size"] == 4
+    rows = [int(n) for n in seen.read_text().split()]
+    # The timed first inference (one sample), the warm-up's 4 batches, then the Offline query's 44
+    # samples (target_qps 40 for min_duration 1 s, plus LoadGen's 10%) in 11 batches of 4.
+    assert rows == [1] + [4] * (4 + 11), rows
 
 
 def test_find_peak_mode_on_server(tmp_path: Path) -> None:
@@ -47,3 +63,30 @@ def test_find_peak_mode_on_server(tmp_path: Path) -> None:
                    "--set", "min_duration=200", "--results-dir", tmp_path) == 0
     summary = read_run(tmp_path, "null", "Server")["performance"]
     assert summary["mode"] == "FindPeakPerformance"
+
+
+def test_the_run_records_the_cpus_it_may_use(tmp_path: Path) -> None:
+    """`cpus_available` is the CPU affinity the run got, not the machine's count: with this test
+    pinned to one CPU (the run's process inherits it), the machine still has all of its CPUs and
+    the run may use one."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip(f"only {len(allowed)} CPU may be used here: pinning to one would change nothing")
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", tmp_path) == 0
+    finally:
+        os.sched_setaffinity(0, allowed)
+    detected = read_run(tmp_path, "null", "Offline")["system"]
+    assert (detected["logical_cpus"], detected["cpus_available"]) == (os.cpu_count(), 1)
+
+
+def test_a_run_without_a_results_dir_stays_in_the_tests_folder(tmp_path: Path) -> None:
+    """The suite is hermetic (tests/conftest.py): no MLHARNESS_* from outside but the shared cache,
+    and a command's default `results/` (with its database) lands in the test's own folder."""
+    assert {v for v in os.environ if v.startswith("MLHARNESS_")} == {"MLHARNESS_CACHE"}
+    assert Path(os.environ["MLHARNESS_CACHE"]) == tmp_path.parent / "mlharness-cache"  # shared by the session
+    assert Path.cwd() == tmp_path
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick") == 0
+    assert (tmp_path / "results" / "mlharness.sqlite").is_file()
+    assert read_run(tmp_path / "results", "null", "Offline")["status"] == "ok"
