@@ -211,6 +211,9 @@ def test_hardware_threads_and_affinity_reach_onnxruntime(tmp_path: Path, monkeyp
     for view in _worker_views(seen).values():
         assert view["cpus"] == [pinned_cpu]
     assert record["backend_info"]["intra_op_threads"] == 3 and record["backend_info"]["inter_op_threads"] == 2
+    # The record says the run was pinned: the system is detected after pinning.
+    assert record["hardware"]["cpu_affinity"] == [pinned_cpu]
+    assert record["system"]["cpus_available"] == 1
 
 
 def test_set_intra_op_threads_overrides_the_hardware_manifest_in_onnxruntime(
@@ -253,3 +256,13 @@ def test_the_callers_environment_wins_over_the_software_manifest(
     _, seen = _probed_run(tmp_path, monkeypatch, probe_site, RESNET, "ort-probe", hardware, software,
                           env_vars=("MLH_THREADS_TEST_VAR", "MLH_THREADS_OTHER_VAR"))
     assert seen["env"] == {"MLH_THREADS_TEST_VAR": "from the caller", "MLH_THREADS_OTHER_VAR": "also from the manifest"}
+
+
+def test_cpus_this_process_may_not_use_are_a_one_line_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    hardware = _hardware(tmp_path, intra=1, inter=1, cpu=4095)
+    code = run_cli("run", "null", "--hardware", hardware, "--scenario", "Offline", "--quick",
+                   "--results-dir", tmp_path / "results")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith(f"mlharness: error: {hardware}: cpu_affinity: expected CPUs this process may use [")
+    assert err[-1].endswith("got [4095]")

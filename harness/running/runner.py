@@ -104,6 +104,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         raise UserError(f"{model.path}: dataset: no default dataset; pass --dataset")
     dataset = index.find("dataset", dataset_name)
     hardware = index.find("hardware", request.hardware)
+    _pin_cpus(hardware)  # first: the detected system and every thread started from here see the pinning
     software = index.find("software", request.software or backend_name)
     reference = index.find("reference", request.reference) if request.reference else \
         find_reference(index, model, dataset.name, backend_name)
@@ -121,11 +122,10 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         dataset=dataset.identity(), backend=backend_name, scenario=request.scenario, mode=request.mode,
         system_name=system_name, system=detected,
         software={"manifest": software.identity(), "checked": installed, "versions": system_mod.software_versions()},
-        hardware=hardware.identity() | {"device": hardware.device}, settings=settings.as_record(),
+        hardware=hardware.identity() | {"device": hardware.device,
+                                        "cpu_affinity": list(hardware.cpu_affinity or ())}, settings=settings.as_record(),
         reference=reference.identity() if reference else None, results_path=str(where.staging))
     guard.started(record, where)
-    if hardware.cpu_affinity and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, hardware.cpu_affinity)
     runtime = None
     try:
         from sut.runtime import build_runtime
@@ -270,6 +270,17 @@ def run_arguments(request: RunRequest, with_results_dir: bool = False) -> list[s
     if with_results_dir:
         parts += ["--results-dir", str(request.results_dir)]
     return parts
+
+
+def _pin_cpus(hardware: Any) -> None:
+    if not hardware.cpu_affinity or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        os.sched_setaffinity(0, hardware.cpu_affinity)
+    except OSError:
+        available = sorted(os.sched_getaffinity(0))
+        raise UserError(f"{hardware.path}: cpu_affinity: expected CPUs this process may use {available}, "
+                        f"got {list(hardware.cpu_affinity)}") from None
 
 
 def _command_line(request: RunRequest) -> str:
