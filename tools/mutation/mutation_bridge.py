@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-HITS_ENV = "MLHARNESS_MUTATION_HITS"
+HITS_ENV = "MUTATION_BRIDGE_HITS"  # not MLHARNESS_*: the suite clears those for each test
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -18,10 +18,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+    folder = os.environ.get(HITS_ENV)
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats" or not folder:
         return
     names: set[str] = set()
-    for hits in Path(os.environ[HITS_ENV]).glob("*.hits"):
+    for hits in Path(folder).glob("*.hits"):
         names.update(hits.read_text(encoding="utf-8").split())
         hits.unlink()
     if names:

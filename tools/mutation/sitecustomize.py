@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-HITS_ENV = "MLHARNESS_MUTATION_HITS"
+HITS_ENV = "MUTATION_BRIDGE_HITS"  # not MLHARNESS_*: the suite clears those for each test
 
 if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get(HITS_ENV):
     import mutmut.stats as _stats
