@@ -145,7 +145,7 @@ def test_what_preprocess_returns_must_be_what_the_manifest_declares(value: Any, 
 
 def test_two_inputs_need_a_dict_and_share_symbolic_dims_within_a_sample() -> None:
     two = (Y, TensorSpec(name="mask", type="tensor", element_type="int64", shape=("batch", "sequence")))
-    with pytest.raises(SampleError, match=r"returned int64 with shape \(4,\) for 2 inputs; the manifest declares "
+    with pytest.raises(SampleError, match=r"^sample 0: preprocess returned int64 with shape \(4,\) for 2 inputs; the manifest declares "
                                           r"inputs 'y', 'mask': return \{input name: array\}"):
         staged(inputs=two, preprocess=lambda raw, ctx: np.zeros(4, np.int64)).load_samples([0])
     uneven = staged(inputs=two, preprocess=lambda raw, ctx: {"y": np.zeros(4, np.int64), "mask": np.zeros(3, np.int64)})
@@ -165,3 +165,34 @@ def test_staged_samples_of_an_input_share_one_shape() -> None:
     assert str(info.value) == ("sample 4: preprocess returned input 'y' with shape (5,), but the first staged "
                                "sample's is (4,): the staged samples of an input share one shape")
     np.testing.assert_array_equal(samples.rows([3]), [0])  # the earlier staging stays whole
+
+
+def test_nothing_is_staged_before_load_samples() -> None:
+    with pytest.raises(SampleError, match=r"^sample 0: staging raised LookupError"):
+        staged().rows([0])
+
+
+def test_each_sample_is_loaded_and_preprocessed_once_with_the_context() -> None:
+    calls: list[tuple[str, Any]] = []
+    ctx = ProcessingContext(attributes={"scale": 3})
+
+    def load(raw: Any, given: ProcessingContext) -> Any:
+        calls.append(("load", raw))
+        return raw * given.attributes["scale"]
+
+    def preprocess(raw: Any, given: ProcessingContext) -> np.ndarray:
+        calls.append(("preprocess", raw))
+        assert given is ctx
+        return np.array([raw, 0], np.float32)
+
+    samples = StagedSamples([(i, i) for i in range(5)], [X], preprocess, load, ctx)
+    samples.load_samples([4, 1, 2])
+    assert calls == [("load", 4), ("preprocess", 12), ("load", 1), ("preprocess", 3), ("load", 2), ("preprocess", 6)]
+    np.testing.assert_array_equal(samples.arrays["x"][:, 0], [12, 3, 6])
+
+
+def test_distinct_symbolic_dims_of_one_input_may_differ() -> None:
+    grid = TensorSpec(name="g", type="tensor", element_type="float32", shape=("batch", "height", "width"))
+    samples = staged(inputs=(grid,), preprocess=lambda raw, ctx: np.zeros((2, 3), np.float32))
+    samples.load_samples([0, 1])
+    assert samples.arrays["g"].shape == (2, 2, 3)
