@@ -76,6 +76,11 @@ def check_sample(value: Any, spec: TensorSpec, bound: dict[str, tuple[str, int]]
     return None
 
 
+def _nothing_staged(count: int) -> np.ndarray:
+    """The row of each sample in the staged arrays, all negative: none is staged."""
+    return np.full(count, -1, dtype=np.int64)
+
+
 class StagedSamples:
     """The samples LoadGen chose, preprocessed and checked against the model's declared inputs."""
 
@@ -91,7 +96,7 @@ class StagedSamples:
         # the dataset's samples function gave.
         self.value_stage = "preprocess" if preprocess is not None else "load" if load is not None else "samples"
         self.arrays: dict[str, np.ndarray] = {}
-        self.row_of = np.full(len(items), -1, dtype=np.int64)
+        self.row_of = _nothing_staged(len(items))
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -147,7 +152,7 @@ class StagedSamples:
                         f"returned input {name!r} with shape {shape_text(array.shape)}, but the first staged sample's "
                         f"is {shape_text(arrays[name].shape[1:])}: the staged samples of an input share one shape"))
                 arrays[name][row] = array
-        row_of = np.full(len(self.items), -1, dtype=np.int64)
+        row_of = _nothing_staged(len(self.items))
         row_of[indices] = np.arange(len(indices))
         with self._lock:
             self.arrays, self.row_of = arrays, row_of
@@ -155,7 +160,7 @@ class StagedSamples:
     def unload_samples(self, indices: Sequence[int]) -> None:
         with self._lock:
             self.arrays = {}
-            self.row_of = np.full(len(self.items), -1, dtype=np.int64)
+            self.row_of = _nothing_staged(len(self.items))
 
     def rows(self, indices: Sequence[int]) -> np.ndarray:
         rows = self.row_of[np.asarray(indices, dtype=np.int64)]
