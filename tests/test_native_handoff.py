@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -18,6 +19,7 @@ import mlperf_loadgen as lg
 import numpy as np
 import pytest
 
+from harness.errors import UserError
 from sut import _native
 from sut.handoff import PythonHandoff, load_handoff
 
@@ -218,6 +220,31 @@ def test_default_handoff_is_native_and_env_selects_python(monkeypatch: pytest.Mo
     assert load_handoff().name == "python"
     with pytest.raises(ValueError, match="completion"):
         _native.NativeHandoff(completion="fast")
+    monkeypatch.setenv("MLHARNESS_HANDOFF", "fast")
+    with pytest.raises(UserError, match=r"^MLHARNESS_HANDOFF='fast': expected 'native' or 'python'$"):
+        load_handoff()
+
+
+@pytest.mark.parametrize("kind", list(HANDOFFS))
+def test_complete_of_a_single_response(kind: str, tmp_path: Path) -> None:
+    """A one-sample query is completed like any other. A watchdog completes it empty if the handoff
+    did not, so that bug fails the test instead of leaving LoadGen waiting forever."""
+    handoff = HANDOFFS[kind]()
+    result = np.arange(6, dtype=np.float32)[None, :]
+
+    def issue(query_ids: list[int], sample_indices: list[int]) -> None:
+        handoff.complete(list(query_ids), result)
+        watchdog.append(threading.Timer(
+            20, lambda: lg.QuerySamplesComplete([lg.QuerySampleResponse(q, 0, 0) for q in query_ids])))
+        watchdog[0].start()
+
+    watchdog: list[threading.Timer] = []
+    try:
+        run_loadgen(issue, samples=1, mode=lg.TestMode.AccuracyOnly, outdir=tmp_path)
+    finally:
+        for timer in watchdog:
+            timer.cancel()
+    assert logged_responses(tmp_path) == {0: result.tobytes()}
 
 
 # ------------------------------------------------------------------------------------------ leaks
