@@ -4,6 +4,7 @@ in order, spans nested, framework runs inside the model's predict spans); levels
 cannot run here are reported unavailable with a reason, never filled in."""
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from harness.errors import UserError
 from profiling import LEVELS, parse_levels
 from profiling.perf_stat import HARDWARE_EVENTS, parse
 from profiling.timeline import check
-from tests.support import read_run, run_cli, scenario_root, write_manifest
+from tests.support import read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
 
 
 def _profile(results: Path, model: str, scenario: str) -> tuple[dict, dict]:
@@ -58,16 +59,22 @@ def _assert_framework_inside_predict(timeline: dict, summary: dict, run_name: st
 
 
 def _assert_system_honest(summary: dict) -> None:
+    """Each part of the system level either measured or names why not; nothing is filled in."""
     system = summary["system"]
     assert system["samples"] >= 1 and "rss_mib" in system["series"]
     unavailable = system["unavailable"]
-    if "perf" not in unavailable:  # perf is installed: each hardware counter is a value or a reason
+    assert all(isinstance(reason, str) and reason.strip() for reason in unavailable.values()), unavailable
+    if "perf" in unavailable:  # perf cannot run here at all: no counter, no per-counter reason
+        assert system["perf_stat"] == {} and not any(k.startswith("perf:") for k in unavailable)
+    else:  # each hardware counter is a value or a reason, never both nor neither
         for event in HARDWARE_EVENTS:
             assert (event in system["perf_stat"]) != (f"perf:{event}" in unavailable), event
+    gpu_series = any(key.startswith("gpu") for key in system["series"])
+    assert ("nvml" in unavailable) != gpu_series  # GPU figures, or the reason there are none
     try:
         import pynvml  # noqa: F401
     except ImportError:
-        assert "nvml" in unavailable and unavailable["nvml"]
+        assert "nvml" in unavailable
 
 
 def test_parse_levels() -> None:
@@ -121,44 +128,9 @@ def test_resnet50_latency_scenarios_with_loadgen_trace(tmp_path: Path, scenario:
     assert min(e["ts"] for e in samples) <= min(e["ts"] for e in queries) + _clock_slack_us(summary)
 
 
-TORCH_MODEL = """\
-    kind: model
-    name: tiny-cnn
-    version: 1.0.0
-    framework: {name: torch, version: ">=2.0"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 10]}]
-    sources:
-      module:
-        factory: |
-          import torch
-          class TinyCNN(torch.nn.Module):
-              def __init__(self):
-                  super().__init__()
-                  torch.manual_seed(0)
-                  self.lift = torch.nn.Linear(1, 3 * 16 * 16)
-                  self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-                  self.head = torch.nn.Linear(8, 10)
-              def forward(self, x):
-                  h = torch.relu(self.conv(self.lift(x).view(-1, 3, 16, 16)))
-                  return self.head(h.mean(dim=(2, 3)))
-          def factory(ctx):
-              return TinyCNN()
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample % 7], dtype=np.float32)
-    attributes:
-      max_batch_size: 8
-      settings: {Offline: {target_qps: 2000}}
-    accuracy: {metric: topk, k: [1]}
-    """
-
-
 def test_torch_model_full_profile(tmp_path: Path, specs_copy: Path) -> None:
     pytest.importorskip("torch")
-    write_manifest(specs_copy / "models", "tiny-cnn.yaml", TORCH_MODEL)
+    write_manifest(specs_copy / "models", "tiny-cnn.yaml", tiny_torch_model())
     results = tmp_path / "r"
     assert run_cli("run", "tiny-cnn", "--scenario", "Offline", "--quick", "--profile", "full",
                    "--results-dir", results) == 0
@@ -171,9 +143,10 @@ def test_torch_model_full_profile(tmp_path: Path, specs_copy: Path) -> None:
     assert any(op["op"] == "aten::mkldnn_convolution" for op in summary["operators"]["top"])
     _assert_framework_inside_predict(timeline, summary, None)  # torch ops run on the SUT's worker thread
     assert {"harness", "model", "python"} <= {e.get("cat") for e in timeline["traceEvents"]}
+    _assert_system_honest(summary)
 
 
-def test_null_backend_framework_level_is_unavailable_and_off_costs_nothing(tmp_path: Path) -> None:
+def test_null_backend_framework_level_is_unavailable(tmp_path: Path) -> None:
     results = tmp_path / "r"
     assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--profile", "framework,harness",
                    "--results-dir", results) == 0
@@ -183,10 +156,71 @@ def test_null_backend_framework_level_is_unavailable_and_off_costs_nothing(tmp_p
     assert not _spans(timeline, "framework") and _spans(timeline, "harness", "batch")
     assert read_run(results, "null", "Offline")["profile"]["unavailable"]["framework"]
 
+
+# A null model whose postprocess writes down, from inside the run's worker thread, what profiling
+# has put in place there: the SUT's batch observer, the thread's profile hook, profiling modules.
+PROBE_MODEL = """\
+    kind: model
+    name: probe
+    version: 1.0.0
+    framework: {name: "null"}
+    dataset: null-samples
+    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+    outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
+    preprocess: |
+      import numpy as np
+      def preprocess(sample, ctx):
+          return np.array([sample], dtype=np.float32)
+    postprocess: |
+      import json, sys
+      def postprocess(outputs, ctx):
+          frame, observer = sys._getframe(), "no SUT frame"
+          while frame is not None:
+              owner = frame.f_locals.get("self")
+              if type(owner).__name__ == "SystemUnderTest":
+                  observer = type(owner.observer).__name__
+                  break
+              frame = frame.f_back
+          probe = {"observer": observer, "profile_hook": sys.getprofile() is not None,
+                   "profiling_modules": sorted(m for m in sys.modules if m.split(".")[0] == "profiling")}
+          with open(%(out)r, "a") as out:
+              out.write(json.dumps(probe) + "\\n")
+          return outputs["scores"]
+    attributes:
+      max_batch_size: 64
+      settings: {Offline: {target_qps: 100}}
+    """
+
+
+def _probes(path: Path) -> tuple[list[dict], collections.Counter]:
+    """Every probe, and a count of (observer, profile hook, profiling imported) for messages."""
+    probes = [json.loads(line) for line in path.read_text().splitlines()]
+    return probes, collections.Counter((p["observer"], p["profile_hook"], bool(p["profiling_modules"])) for p in probes)
+
+
+def test_profile_off_installs_nothing(tmp_path: Path, specs_copy: Path) -> None:
+    """Without --profile the measured path is the plain one: every batch the SUT runs goes through
+    no observer and no profile hook, the profiling package is never imported (in any postprocess
+    call: the first inference and warm-up too), and no profile is recorded or written. The probe is
+    checked on a profiled run first, so a probe that cannot see a tracer cannot pass."""
+    on, off = tmp_path / "on.jsonl", tmp_path / "off.jsonl"
+    write_manifest(specs_copy / "models", "probe.yaml", PROBE_MODEL % {"out": str(on)})
+    assert run_cli("run", "probe", "--scenario", "Offline", "--quick", "--profile", "harness,python",
+                   "--results-dir", tmp_path / "profiled") == 0
+    probes, seen = _probes(on)
+    # Calls outside the SUT (first inference, warm-up, the profile's overhead calibration) find no SUT.
+    in_sut = [p for p in probes if p["observer"] != "no SUT frame"]
+    assert in_sut and all(p["observer"] == "ProfileSession" and p["profile_hook"] for p in in_sut), seen
+    assert all("profiling.session" in p["profiling_modules"] for p in in_sut), seen
+
+    write_manifest(specs_copy / "models", "probe.yaml", PROBE_MODEL % {"out": str(off)})
     plain = tmp_path / "plain"
-    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", plain) == 0
-    assert read_run(plain, "null", "Offline")["profile"] is None
-    assert not (scenario_root(plain, "null", "Offline") / "profile").exists()
+    assert run_cli("run", "probe", "--scenario", "Offline", "--quick", "--results-dir", plain) == 0
+    probes, seen = _probes(off)
+    assert ("NoneType", False, False) in seen and set(seen) <= {("NoneType", False, False),
+                                                                ("no SUT frame", False, False)}, seen
+    assert read_run(plain, "probe", "Offline")["profile"] is None
+    assert not (scenario_root(plain, "probe", "Offline") / "profile").exists()
 
 
 def test_perf_counters_not_supported_are_unavailable() -> None:
