@@ -21,7 +21,7 @@ from harness.running.settings import build_settings, validate_loadgen_settings
 from harness.submission import compliance
 from specs.manifests import load_manifest
 from sut import backends
-from tests.support import REPO, read_run, run_cli, scenario_root, write_manifest
+from tests.support import REPO, read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
 
 
 def one_error(capfd: pytest.CaptureFixture[str], prefix: str = "mlharness: error: ") -> str:
@@ -385,31 +385,10 @@ def test_onnxruntime_without_cuda_on_a_cuda_device(tmp_path: Path, capfd: pytest
     assert f"(providers: {', '.join(ort.get_available_providers())})" in message
 
 
-TINY_TORCH = """\
-    kind: model
-    name: tiny-torch
-    version: 1.0.0
-    framework: {name: torch}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 3]}]
-    sources:
-      module:
-        factory: |
-          import torch
-          def factory(ctx):
-              return torch.nn.Sequential(torch.nn.Linear(1, 3))
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample % 2], dtype=np.float32)
-    """
-
-
 def test_torch_on_a_cuda_device_it_cannot_see(tmp_path: Path, specs_copy: Path,
                                               capfd: pytest.CaptureFixture[str]) -> None:
     torch = pytest.importorskip("torch")
-    write_manifest(specs_copy / "models", "tiny-torch.yaml", TINY_TORCH)
+    write_manifest(specs_copy / "models", "tiny-torch.yaml", tiny_torch_model("tiny-torch"))
     device = f"cuda:{torch.cuda.device_count()}"  # one past the last device torch sees (cuda:0 without a GPU)
     hardware = _hardware(tmp_path, f"device: '{device}'\n", "gpu.yaml")
     assert run_cli("run", "tiny-torch", "--hardware", hardware, "--scenario", "Offline", "--quick",
