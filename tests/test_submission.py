@@ -3,10 +3,11 @@
 Short runs are INVALID or override min_duration by design: they exercise every file, not the grade."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,35 +23,59 @@ from harness.submission.rules import (
     SYSTEM_FIELDS,
     VIEWABLE_SIZE,
 )
-from tests.support import REPO, run_cli
+from tests.support import copy_specs, read_run, run_cli
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")
 
 
+# Every verdict of the session is fixed by its settings, whatever the machine's speed or load:
+# - Offline's one query holds 11 samples (target_qps 10 for 1 s, plus LoadGen's 10%): it ends long
+#   before min_duration, so the run and its audits are INVALID and their comparisons FAIL; all 11
+#   samples are sampled into TEST01's log.
+# - SingleStream runs exactly 32 queries (min_duration 0, max_query_count 32), too few for LoadGen's
+#   early-stopping estimate (64): INVALID, a score of 0, so the comparisons FAIL with "no positive
+#   score"; target_latency is pinned (not measured at warm-up), so TEST01 samples all 32.
+# - The null model answers every sample the same in both modes: TEST01's accuracy check PASSES.
+USER_CONF = ("*.SingleStream.min_duration = 0\n*.SingleStream.max_query_count = 32\n"
+             "*.SingleStream.target_latency = 1000\n")
+SAMPLED = {"Offline": 11, "SingleStream": 32}
+ALL_AUDITS_FAILED = "compliance failed: Offline/TEST01, Offline/TEST04, SingleStream/TEST01, SingleStream/TEST04"
+
+
+def _session_args(results: Path) -> tuple:
+    return ("submission", "run", "--model", MODEL, "--scenarios", "Offline,SingleStream", "--quick",
+            "--compliance", "TEST01,TEST04", "--user-conf", results.parent / "user.conf", "--results-dir", results)
+
+
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short submission run: Offline (INVALID: min duration not met) and SingleStream, with audits.
-    The model is the null model named as ResNet-50, so the tree has a benchmark to map to."""
+def _session_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short submission run of Offline and SingleStream with both audits (see USER_CONF). The
+    model is the null model named as ResNet-50, so the tree has a benchmark to map to."""
     root = tmp_path_factory.mktemp("submission")
-    specs = root / "specs"
-    shutil.copytree(REPO / "specs", specs)
+    specs = copy_specs(root / "specs")
     text = (specs / "models" / "null.yaml").read_text().replace('name: "null"\n', f"name: {MODEL}\n", 1)
-    # Offline's one query holds 10 samples, so it always ends before min_duration and is INVALID,
-    # however loaded the machine (with the null model's 1M samples a slow machine could pass 1 s).
     hint = "Offline: {target_qps: 1000000}"
     assert hint in text
     text = text.replace(hint, "Offline: {target_qps: 10}")
     (specs / "models" / "null-resnet.yaml").write_text(text.replace("attributes:", "mlperf_benchmark: resnet50\n"
                                                                                    "attributes:", 1))
-    with pytest.MonkeyPatch.context() as patch:
+    (root / "user.conf").write_text(USER_CONF)
+    results = root / "results"
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(err):
         patch.setenv("MLHARNESS_SPECS", str(specs))
-        patch.delenv("MLHARNESS_DB", raising=False)
-        results = root / "results"
-        code = run_cli("submission", "run", "--model", MODEL, "--scenarios", "Offline,SingleStream", "--quick",
-                       "--compliance", "TEST01,TEST04", "--results-dir", results)
-        assert code in (0, 1)  # 1: an audit's timing comparison failed on a short run; files exist either way
-        yield results
+        code = run_cli(*_session_args(results))
+    assert (code, err.getvalue()) == (1, ALL_AUDITS_FAILED + "\n")
+    return results
+
+
+@pytest.fixture
+def session(_session_run: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The session's results folder, with MLHARNESS_SPECS pointing at its specs (which hold the
+    null-resnet manifest) for the test; every test starts without it (tests/conftest.py)."""
+    monkeypatch.setenv("MLHARNESS_SPECS", str(_session_run.parent / "specs"))
+    return _session_run
 
 
 def _scenario(results: Path, scenario: str) -> Path:
@@ -66,50 +91,50 @@ def _package(session: Path, out: Path, *extra: str) -> int:
 def test_audits_write_verify_files_with_verdicts_and_numbers(session: Path) -> None:
     for scenario in ("Offline", "SingleStream"):
         where = _scenario(session, scenario)
-        accuracy = (where / "TEST01" / "verify_accuracy.txt").read_text()
-        # The null model answers every sample the same way in both modes: what was sampled must match.
-        assert "num_perf_log_data_mismatch = 0" in accuracy
-        sampled = int(re.search(r"^num_perf_log_qsl_idx_match = (\d+)$", accuracy, re.M).group(1))
-        # Nothing sampled proves nothing, so it fails. Offline's 10 samples are all sampled; a loaded
-        # machine can issue too few SingleStream queries for LoadGen's 64-in-100k sampling to pick one.
-        assert accuracy.rstrip().endswith("TEST PASS" if sampled else "TEST FAIL")
-        assert sampled > 0 or scenario == "SingleStream"
+        accuracy = (where / "TEST01" / "verify_accuracy.txt").read_text().splitlines()
+        # What was sampled in performance mode matches the accuracy run, every sample of it.
+        assert f"num_perf_log_entries = {SAMPLED[scenario]}" in accuracy
+        assert f"num_perf_log_qsl_idx_match = {SAMPLED[scenario]}" in accuracy
+        assert "num_perf_log_data_mismatch = 0" in accuracy and accuracy[-1] == "TEST PASS"
         for test in ("TEST01", "TEST04"):
             text = (where / test / "verify_performance.txt").read_text()
-            assert text.rstrip().splitlines()[-1] in ("TEST PASS", "TEST FAIL")
-            assert re.search(r"^reference score = [\d.e+]+$", text, re.M)
-            assert re.search(r"^test score = [\d.e+]+$", text, re.M)
+            assert text.startswith(f"reference = performance/run_1/mlperf_log_detail.txt (INVALID)\n"
+                                   f"test = {test}/performance/run_1/mlperf_log_detail.txt (INVALID)\n"
+                                   f"scenario = {scenario}\n"), text
+            assert text.endswith("TEST FAIL\n")
+            if scenario == "Offline":  # both scores are real figures, compared, and the comparison void
+                assert re.search(r"^reference score = \d[\d.e+]*\ntest score = \d[\d.e+]*\nratio = ", text, re.M)
+                assert "a run is INVALID: the comparison does not count" in text
+            else:  # 32 queries give LoadGen no early-stopping estimate: it logs 0
+                assert "reference score = 0\ntest score = 0\nno comparison: the reference and test runs " \
+                       "have no positive score" in text
             for name in PERFORMANCE_FILES:
                 assert (where / test / "performance" / "run_1" / name).stat().st_size > 0
             detail = (where / test / "performance" / "run_1" / "mlperf_log_detail.txt").read_text()
             assert "Found Audit Config file" in detail
         assert '"effective_performance_issue_same", "value": true' in \
             (where / "TEST04" / "performance" / "run_1" / "mlperf_log_detail.txt").read_text()
-    # the Offline short run is INVALID, so its comparisons cannot pass
-    assert "INVALID" in (_scenario(session, "Offline") / "TEST04" / "verify_performance.txt").read_text()
-    record = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
-    assert set(record["records"]["performance"]["compliance"]) == {"TEST01", "TEST04"}
+        record = json.loads((where / "submission_steps.json").read_text())["records"]["performance"]
+        audits = record["compliance"]
+        assert {t: (a["verdict"], a["performance"], a.get("accuracy")) for t, a in audits.items()} == \
+            {"TEST01": ("FAIL", "FAIL", "PASS"), "TEST04": ("FAIL", "FAIL", None)}
 
 
-def test_session_resumes_without_rerunning(session: Path, capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MLHARNESS_SPECS", str(session.parent / "specs"))
-    run_cli("submission", "run", "--model", MODEL, "--scenarios", "Offline,SingleStream", "--quick",
-            "--compliance", "TEST01,TEST04", "--results-dir", session)
+def test_session_resumes_without_rerunning(session: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing runs, so nothing fails now: 0 (the earlier audits' FAILs stay in the state file).
+    assert run_cli(*_session_args(session)) == 0
     out = capsys.readouterr().out
     assert out.count("skipped") == 8 and "started" not in out
 
 
-def test_redo_runs_the_chosen_step_again_and_only_it(session: Path, capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MLHARNESS_SPECS", str(session.parent / "specs"))
-    args = ("submission", "run", "--model", MODEL, "--scenarios", "Offline,SingleStream", "--quick",
-            "--compliance", "TEST01,TEST04", "--results-dir", session)
+def test_redo_runs_the_chosen_step_again_and_only_it(session: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    args = _session_args(session)
     assert run_cli(*args, "--redo", "SingleStream/TEST05") == 1
-    assert "--redo SingleStream/TEST05: not a step of this run" in capsys.readouterr().err
+    assert "--redo SingleStream/TEST05: not a step of this run" in capfd.readouterr().err
     before = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
-    run_cli(*args, "--redo", "SingleStream/TEST04")
-    out = capsys.readouterr().out
+    assert run_cli(*args, "--redo", "SingleStream/TEST04") == 1  # it ran again, and fails again
+    out, err = capfd.readouterr()
+    assert err.splitlines()[-1] == "compliance failed: SingleStream/TEST04"
     assert out.count("skipped") == 7 and re.search(r"SingleStream TEST04: started", out)
     after = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
     ran = after["records"]["performance"]["compliance"]
@@ -124,9 +149,7 @@ def test_package_refuses_invalid_runs_without_allow_invalid(session: Path, tmp_p
     assert not (tmp_path / "out" / "open").exists()
 
 
-def test_package_writes_every_required_file_and_field(session: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MLHARNESS_SPECS", str(session.parent / "specs"))
+def test_package_writes_every_required_file_and_field(session: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert _package(session, out, "--allow-invalid", "--skip-dataset-size-check", "--system", "tiny-box",
                     "--system-field", "cooling=air") == 0
@@ -153,7 +176,8 @@ def test_package_writes_every_required_file_and_field(session: Path, tmp_path: P
         readme = (where / "README.md").read_text()
         assert f"mlharness run {MODEL} --scenario {scenario} --mode performance" in readme
         assert f"--mode accuracy" in readme and "--compliance TEST01,TEST04" in readme
-        assert f"resnet50.{scenario}.min_duration = 1000" in (where / "user.conf").read_text()
+        min_duration = {"Offline": 1000, "SingleStream": 0}[scenario]  # --quick, and USER_CONF
+        assert f"resnet50.{scenario}.min_duration = {min_duration}" in (where / "user.conf").read_text()
         # accuracy.txt: the official headline, then our figures, then the hash of the full log
         lines = (where / "accuracy" / "accuracy.txt").read_text().splitlines()
         assert HEADLINE.match(lines[0]) and lines[0].startswith("accuracy=50.000%")
@@ -165,9 +189,8 @@ def test_package_writes_every_required_file_and_field(session: Path, tmp_path: P
 
 
 def test_check_reports_an_accuracy_run_on_part_of_the_dataset(session: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    out = _packaged(session, tmp_path, monkeypatch)
+    out = _packaged(session, tmp_path)
     capsys.readouterr()
     assert run_cli("submission", "check", out, "--allow-invalid") == 1
     captured = capsys.readouterr()
@@ -177,30 +200,47 @@ def test_check_reports_an_accuracy_run_on_part_of_the_dataset(session: Path, tmp
     assert capsys.readouterr().out.count("waived (--skip-dataset-size-check)") == 2
 
 
-def _packaged(session: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, division: str = "open") -> Path:
-    monkeypatch.setenv("MLHARNESS_SPECS", str(session.parent / "specs"))
+def _packaged(session: Path, tmp_path: Path, division: str = "open") -> Path:
+    """The session packaged with --allow-invalid. The check that packaging ends with fails on the
+    dataset size (the accuracy runs cover 1024 of resnet's 50000 samples): exit 1, tree written."""
     out = tmp_path / "out"
     assert run_cli("submission", "package", "--division", division, "--submitter", "Acme", "--out", out,
-                   "--results-dir", session, "--allow-invalid") in (0, 1)
+                   "--results-dir", session, "--allow-invalid") == 1
+    assert (out / division / "Acme" / "systems").is_dir()
     return out
 
 
-def test_check_refuses_invalid_and_overridden_runs(session: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_check_refuses_invalid_and_overridden_runs(session: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    out = _packaged(session, tmp_path, monkeypatch)
+    out = _packaged(session, tmp_path)
     capsys.readouterr()
     assert run_cli("submission", "check", out) == 1
     err = capsys.readouterr().err
     assert re.search(r"Offline/performance/run_1/mlperf_log_detail.txt: LoadGen marked the run INVALID", err)
     assert "min_duration: expected >= 600000 ms, found 1000" in err
     assert "overrode protected settings min_duration" in err
-    assert "SingleStream/performance/run_1/mlperf_log_detail.txt: LoadGen marked" not in err  # that one was VALID
+    assert re.search(r"SingleStream/performance/run_1/mlperf_log_detail.txt: LoadGen marked the run INVALID", err)
+
+
+def test_check_passes_a_valid_run_and_flags_an_invalid_one(session: Path, tmp_path: Path) -> None:
+    """The session's runs are INVALID by design; a VALID one is needed to show the checker does not
+    flag every run. 64 SingleStream queries with no minimum duration are VALID by count alone
+    (LoadGen's early stopping needs 64), whatever the machine's speed."""
+    assert run_cli("run", "null", "--scenario", "SingleStream", "--quick", "--set", "min_duration=0",
+                   "--set", "min_query_count=64", "--results-dir", tmp_path) == 0
+    valid = read_run(tmp_path, "null", "SingleStream")
+    assert valid["performance"]["result"] == "VALID"
+    detail = Path(valid["results_path"]) / "performance" / "run_1" / "mlperf_log_detail.txt"
+    assert not [p.message for p in checker.check_performance_log(detail, "SingleStream", BENCHMARKS["resnet"])
+                if p.message.startswith(("LoadGen marked", "LoadGen error"))]
+    invalid = _scenario(session, "SingleStream") / "performance" / "run_1" / "mlperf_log_detail.txt"
+    found = [p.message for p in checker.check_performance_log(invalid, "SingleStream", BENCHMARKS["resnet"])]
+    assert any(m.startswith("LoadGen marked the run INVALID") for m in found), found
 
 
 def test_check_reports_a_missing_and_an_unparsable_system_field(session: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    out = _packaged(session, tmp_path, monkeypatch)
+    out = _packaged(session, tmp_path)
     (path,) = (out / "open" / "Acme" / "systems").glob("*.json")
     system = json.loads(path.read_text())
     del system["cooling"]
@@ -219,9 +259,8 @@ def test_check_reports_a_missing_and_an_unparsable_system_field(session: Path, t
 
 
 def test_closed_division_reports_missing_scenarios_and_accuracy(session: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    out = _packaged(session, tmp_path, monkeypatch, "closed")
+    out = _packaged(session, tmp_path, "closed")
     assert list((out / "closed" / "Acme" / "results").glob("*/resnet/Offline"))
     capsys.readouterr()
     assert run_cli("submission", "check", out, "--allow-invalid") == 1
