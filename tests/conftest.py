@@ -14,10 +14,8 @@ from tests.support import copy_specs
 _OUTSIDE = ("GITHUB_STEP_SUMMARY",)
 
 
-def _clear_outside_environment(patch: pytest.MonkeyPatch, cache: Path) -> None:
-    for var in [v for v in os.environ if v.startswith("MLHARNESS_") or v in _OUTSIDE]:
-        patch.delenv(var)
-    patch.setenv("MLHARNESS_CACHE", str(cache))
+def _ours() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("MLHARNESS_") or k in _OUTSIDE}
 
 
 @pytest.fixture(scope="session")
@@ -35,24 +33,38 @@ def _hermetic_session(model_cache: Path) -> Iterator[None]:
     """No MLHARNESS_* variable from outside for the whole session, so module-scoped fixtures (set up
     before any per-test fixture) do not see the developer's database, specs or presets either."""
     with pytest.MonkeyPatch.context() as patch:
-        _clear_outside_environment(patch, model_cache)
+        for var in _ours():
+            patch.delenv(var)
+        patch.setenv("MLHARNESS_CACHE", str(model_cache))
         yield
 
 
 @pytest.fixture(autouse=True)
-def _private_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_cache: Path) -> Path:
-    """Every test gets its own environment and its own results database under its tmp_path.
+def _private_env(tmp_path: Path) -> Iterator[Path]:
+    """Every test runs in its own folder, with its own results database, and leaves the
+    MLHARNESS_* environment as it found it.
 
-    Every MLHARNESS_* variable is cleared again (whatever an earlier test or module fixture left)
-    and MLHARNESS_CACHE points at the session's shared cache (see `model_cache`). MLHARNESS_DB
-    stays unset, so each run's database is `<results dir>/mlharness.sqlite`, and the working
-    directory is tmp_path, so a command given no --results-dir or --db writes `results/` and its
-    database there, never into the checkout. Setting MLHARNESS_DB to a per-test file instead
-    would send every run of a test into that file, and tests that read
-    `<results dir>/mlharness.sqlite` after a run would find nothing."""
-    _clear_outside_environment(monkeypatch, model_cache)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    The working directory is tmp_path, so a command given no --results-dir or --db writes
+    `results/` and its database there, never into the checkout. MLHARNESS_DB stays unset (see
+    `_hermetic_session`), so each run's database is `<its results dir>/mlharness.sqlite`, under
+    the test's tmp_path: setting MLHARNESS_DB to a per-test file instead would send every run of
+    a test into that one file, and tests that read `<results dir>/mlharness.sqlite` after a run
+    would find nothing. MLHARNESS_CACHE is the session's shared cache (see `model_cache`) unless
+    a module's fixture chose its own. A test that changes MLHARNESS_* (or GITHUB_STEP_SUMMARY)
+    other than through `monkeypatch` errors at teardown and the change is undone, so it cannot
+    reach the next test; the working directory is restored. (Autouse, this fixture is set up before
+    a test's own `monkeypatch` and torn down after it, which has undone its changes by then.)"""
+    before, cwd = _ours(), os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(cwd)
+        after = _ours()
+        for var in set(after) - set(before):
+            del os.environ[var]
+        os.environ.update(before)
+    assert after == before, f"the test left MLHARNESS_* changed: {sorted(set(after.items()) ^ set(before.items()))}"
 
 
 @pytest.fixture
