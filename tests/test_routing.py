@@ -13,6 +13,7 @@ before the worker starts, so their batches are known exactly."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -88,7 +89,8 @@ def _routed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, site: Path, sce
     """An accuracy run of null-routed on the probe; its record, and the batches the LoadGen test
     sent the backend (warm-up is off; the first inference, before LoadGen, is left out)."""
     log = tmp_path / "batches.json"
-    monkeypatch.setenv("PYTHONPATH", f"{site}:{REPO}")
+    # Added in front: what the caller had on PYTHONPATH (a mutation run's hooks, say) stays.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("MLH_PROBE_LOG", str(log))
     monkeypatch.setenv("MLH_PROBE_SLEEP_S", str(sleep))
     results = tmp_path / "results"

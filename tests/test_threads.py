@@ -169,7 +169,8 @@ def _probed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, site: Path, mod
                 hardware: Path, software: Path, *sets: str, env_vars: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """A short Offline run on a probe backend with two workers; its record and what the probe saw."""
     log = tmp_path / "probe.json"
-    monkeypatch.setenv("PYTHONPATH", f"{site}:{REPO}")
+    # Added in front: what the caller had on PYTHONPATH (a mutation run's hooks, say) stays.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("MLH_PROBE_LOG", str(log))
     monkeypatch.setenv("MLH_PROBE_ENV_VARS", ",".join(env_vars))
     results = tmp_path / "results"
