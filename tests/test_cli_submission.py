@@ -1,0 +1,145 @@
+"""`mlharness submission run --restart` and `submission package --force` (and its refusal to
+overwrite without it), on a real short session: the null model named as ResNet-50, Offline only."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.store.result_store import ResultStore
+from tests.support import REPO, run_cli
+
+MODEL = "null-resnet"
+SESSION = ("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--quick", "--set", "target_qps=20000")
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One finished session (Offline performance and accuracy) under a private specs copy."""
+    root = tmp_path_factory.mktemp("submission-cli")
+    specs = root / "specs"
+    shutil.copytree(REPO / "specs", specs)
+    text = (specs / "models" / "null.yaml").read_text()
+    text = text.replace('name: "null"\n', f"name: {MODEL}\n", 1).replace("attributes:", "mlperf_benchmark: resnet50\n"
+                                                                                      "attributes:", 1)
+    (specs / "models" / f"{MODEL}.yaml").write_text(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLHARNESS_SPECS", str(specs))
+        results = root / "results"
+        assert run_cli(*SESSION, "--results-dir", results) == 0
+        yield {"root": root, "specs": specs, "results": results}
+
+
+@pytest.fixture
+def specs_env(session: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLHARNESS_SPECS", str(session["specs"]))
+
+
+def state(results: Path) -> dict:
+    (path,) = results.glob(f"*/{MODEL}/submission_run.json")
+    return json.loads(path.read_text())
+
+
+def steps_record(results: Path) -> dict:
+    (path,) = results.glob(f"*/{MODEL}/Offline/submission_steps.json")
+    return json.loads(path.read_text())["records"]
+
+
+def db_ids(results: Path) -> set[str]:
+    with ResultStore(results / "mlharness.sqlite") as store:
+        return {row["run_id"] for row in store.list_runs()}
+
+
+def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(session["results"], results)
+    first = state(results)["steps"]
+    assert {k: v["status"] for k, v in first.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
+    before = db_ids(results)
+    assert before == {first["Offline/performance"]["run_id"], first["Offline/accuracy"]["run_id"]}
+    # The same command again resumes: both steps are finished.
+    assert run_cli(*SESSION, "--results-dir", results) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^\[\d/2\] null-resnet Offline \w+: done earlier \(run \S+\), skipped$", out, re.M)) == 2
+    assert "started" not in out and db_ids(results) == before
+    # --restart: both run again, as new runs, and the state and steps files name the new ones.
+    assert run_cli(*SESSION, "--results-dir", results, "--restart") == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): started$", out, re.M) == [
+        ("1", "performance"), ("2", "accuracy")]
+    assert "skipped" not in out
+    second = state(results)["steps"]
+    assert {k: v["status"] for k, v in second.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
+    new = {second[k]["run_id"] for k in second}
+    assert not new & before and db_ids(results) == before | new
+    records = steps_record(results)
+    assert {records["performance"]["run_id"], records["accuracy"]["run_id"]} == new
+    # And the session after a restart resumes from the restarted steps.
+    assert run_cli(*SESSION, "--results-dir", results) == 0
+    assert capsys.readouterr().out.count("skipped") == 2 and state(results)["steps"] == second
+
+
+def package(session: dict, out: Path, *extra: str) -> int:
+    return run_cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", out,
+                   "--results-dir", session["results"], "--allow-invalid", "--skip-dataset-size-check", *extra)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file below a folder and its sha256."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def packaged(session: dict, specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    """A packaged tree, with files of the user's own beside it and inside it."""
+    out = tmp_path / "out"
+    assert package(session, out) == 0
+    capsys.readouterr()
+    base = out / "open" / "Acme"
+    assert (base / "results").is_dir() and (base / "systems").is_dir()
+    (base / "notes-inside.txt").write_text("written into the packaged tree by hand\n")
+    (out / "open" / "Other").mkdir()
+    (out / "open" / "Other" / "keep.txt").write_text("another submitter's folder\n")
+    (out / "README.txt").write_text("mine\n")
+    return {"out": out, "base": base, "before": snapshot(out)}
+
+
+def test_package_refuses_to_overwrite_and_changes_nothing(session: dict, packaged: dict,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out, base = packaged["out"], packaged["base"]
+    assert package(session, out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"mlharness: error: {base}: already exists; pass --force to replace it"
+    assert snapshot(out) == packaged["before"]  # every file as it was, the hand-written one included
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "full_accuracy_logs", "open"]  # no staging folder
+
+
+def test_force_replaces_only_the_submitter_folder(session: dict, packaged: dict,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out, base = packaged["out"], packaged["base"]
+    assert package(session, out, "--force") == 0
+    assert capsys.readouterr().out.startswith(f"packaged {base}\n")
+    after = snapshot(out)
+    # The tree was made again: the hand-written file inside it is gone, everything else packaged is back.
+    assert not (base / "notes-inside.txt").exists()
+    assert set(after) == set(packaged["before"]) - {"open/Acme/notes-inside.txt"}
+    # What was not the submitter folder is untouched.
+    for name in ("README.txt", "open/Other/keep.txt"):
+        assert after[name] == packaged["before"][name]
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "full_accuracy_logs", "open"]
+    assert sorted(p.name for p in (out / "open").iterdir()) == ["Acme", "Other"]  # no .old or staging folder
+
+
+def test_force_that_fails_keeps_the_old_tree(session: dict, packaged: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """--force without --allow-invalid: refused before anything is replaced."""
+    out = packaged["out"]
+    assert run_cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", out,
+                   "--results-dir", session["results"], "--force") == 1
+    assert "refusing to package runs that are not submission-grade" in capsys.readouterr().err
+    assert snapshot(out) == packaged["before"]
