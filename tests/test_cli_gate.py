@@ -9,7 +9,6 @@ the smallest p three runs a side can give."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np

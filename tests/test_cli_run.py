@@ -168,7 +168,7 @@ def test_compliance_outcomes_are_recorded_and_printed(audited: dict) -> None:
         assert store.get_run(record["run_id"])["compliance"]["TEST04"]["verdict"] == "FAIL"
     assert "  TEST01 : FAIL (accuracy PASS, performance FAIL)" in out.splitlines()
     assert "  TEST04 : FAIL (performance FAIL)" in out.splitlines()
-    scores = re.findall(r"^    test score = ([\d.e+]+)$", out, re.M)
+    scores = re.findall(r"^    test score = ([\d.e+]+)$", out, re.MULTILINE)
     assert len(scores) == 2 and all(float(s) > 0 for s in scores)
 
 
