@@ -37,7 +37,10 @@ def _package_file(spec: str, where: str) -> Path:
     return Path(list(found.submodule_search_locations)[0]) / inner
 
 
-def _download(url: str, where: str) -> Path:
+def _download(url: str, where: str, sha256: str | None) -> Path:
+    """The cached copy of `url`, downloaded once. Only a whole file (as long as the server said)
+    whose sha256 is the one expected ever enters the cache: a download cut short, or one with the
+    wrong content, is removed and is a UserError, so the next attempt downloads again."""
     target = cache_dir() / "downloads" / hashlib.sha256(url.encode()).hexdigest()[:16] / Path(urllib.parse.urlparse(url).path).name
     if target.is_file():
         return target
@@ -46,22 +49,33 @@ def _download(url: str, where: str) -> Path:
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
             shutil.copyfileobj(response, out)
+            announced = response.headers.get("Content-Length")
+        received = partial.stat().st_size
+        # Over TLS a connection closed midway reads as a normal end of file: compare the length.
+        if announced is not None and announced.isdigit() and int(announced) != received:
+            raise UserError(f"{where}: cannot download {url}: the server sent {received} of {announced} bytes")
+        if sha256 and (actual := sha256_file(partial)) != sha256:
+            raise UserError(f"{where}: sha256 mismatch for {url}: expected {sha256}, got {actual}")
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise UserError(f"{where}: cannot download {url}: {exc}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, target)
     return target
 
 
-_SCHEMES: dict[str, Callable[[str, str, Path], Path]] = {
-    "file": lambda rest, where, base: Path(urllib.parse.unquote(rest)),
-    "package": lambda rest, where, base: _package_file(rest, where),
-    "https": lambda rest, where, base: _download("https://" + rest, where),
+_SCHEMES: dict[str, Callable[[str, str, Path, str | None], Path]] = {
+    "file": lambda rest, where, base, sha256: Path(urllib.parse.unquote(rest)),
+    "package": lambda rest, where, base, sha256: _package_file(rest, where),
+    "https": lambda rest, where, base, sha256: _download("https://" + rest, where, sha256),
 }
 
 
-def locate(uri: str, where: str, base: Path) -> Path:
-    """The local path of a URI, without verification; relative paths are relative to `base`."""
+def locate(uri: str, where: str, base: Path, sha256: str | None = None) -> Path:
+    """The local path of a URI; relative paths are relative to `base`. Only a download is checked
+    here (against `sha256`, before it is cached); resolve() checks every file."""
     scheme, sep, rest = uri.partition("://")
     if not sep:
         path = Path(uri)
@@ -69,7 +83,7 @@ def locate(uri: str, where: str, base: Path) -> Path:
     handler = _SCHEMES.get(scheme)
     if handler is None:
         raise UserError(f"{where}: unsupported URI scheme {scheme!r} in {uri!r} (use a path, file://, package:// or https://)")
-    return handler(rest, where, base)
+    return handler(rest, where, base, sha256)
 
 
 # Who makes converted artifacts (sut.conversion registers itself): the spec layer names what a
@@ -95,7 +109,7 @@ def resolve(artifact: Artifact, where: str, base: Path) -> Path:
             raise UserError(f"{where}: a converted artifact is made by the runtime's conversions; "
                             f"import sut.conversion before resolving it")
         return _CONVERTER(artifact, where, base)  # made by a recorded export step, cached
-    path = locate(artifact.uri, where, base)
+    path = locate(artifact.uri, where, base, artifact.sha256)
     if not path.is_file():
         raise UserError(f"{where}: {artifact.uri} not found (looked at {path})")
     if artifact.sha256:

@@ -130,8 +130,6 @@ def test_dry_run_of_a_new_sweep_prints_every_cell_and_repeat(tmp_path: Path,
     assert not list(results.rglob("run.json"))  # nothing ran
 
 
-@pytest.mark.xfail(strict=True, reason="production bug: sweep --dry-run opens the results database with "
-                                       "create=True, so it creates RESULTS_DIR/mlharness.sqlite")
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     grid = write_grid(tmp_path / "grid.yaml")
     results = tmp_path / "results"

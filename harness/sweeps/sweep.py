@@ -139,13 +139,17 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
     timeout_s = options.timeout_s or grid.timeout_s
     sweep_id = options.sweep_id or grid.name
     plan = [(cell, i) for cell in cells for i in range(repeat)]
+    if options.dry_run:  # writes nothing, not even an empty database
+        done: dict = {}
+        if Path(options.db_path).exists():
+            with ResultStore(options.db_path, create=False) as store:
+                done = store.finished_cells(sweep_id)
+        for cell, i in plan:
+            state = done.get((cell.key, i), "to run")
+            print(f"{cell.key}  repeat {i}  {cell.label()}  [{state}]", file=stream)
+        return SweepResult(sweep_id, len(plan), len(plan), [])
     with ResultStore(options.db_path) as store:
         done = store.finished_cells(sweep_id)
-        if options.dry_run:
-            for cell, i in plan:
-                state = done.get((cell.key, i), "to run")
-                print(f"{cell.key}  repeat {i}  {cell.label()}  [{state}]", file=stream)
-            return SweepResult(sweep_id, len(plan), len(plan), [])
         todo = [(cell, i) for cell, i in plan
                 if options.rerun or done.get((cell.key, i)) is None
                 or (options.retry_failed and done.get((cell.key, i)) != "ok")]
