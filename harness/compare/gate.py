@@ -158,6 +158,8 @@ def _check(rule: Rule, config: str, baseline: list[float], candidate: list[float
     check = Check(rule, config, "pass", baseline, candidate, change)
     if len(baseline) >= 2 and len(candidate) >= 2 and test != "none":
         check.p_value, check.test = TESTS[test](rule, baseline, candidate, alpha)
+    elif test == "none":
+        check.test = "no significance test (--test none): the limit alone decides"
     else:
         check.test = "fewer than 2 runs on a side: the limit alone decides"
     violated = rule.violated_by(change)
