@@ -80,3 +80,25 @@ def test_the_recorded_command_is_the_one_given_to_main(tmp_path: Path, monkeypat
     command = newest_run(tmp_path, "null", "Offline")["command"]
     assert command == f"mlharness run null --scenario Offline --quick --results-dir {tmp_path}"
     assert command in (scenario_root(tmp_path, "null", "Offline") / "README.md").read_text()
+
+
+def test_the_run_process_imports_the_callers_harness(tmp_path: Path) -> None:
+    """A run's own process imports the harness the caller imported (a copy of the tree here, as
+    a mutation run or a second checkout would be), not whatever an installed copy points to."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    for package in ("harness", "sut", "specs", "profiling", "scenarios"):
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    runner = copy / "harness" / "running" / "runner.py"
+    marker = tmp_path / "imported-from.txt"
+    runner.write_text(runner.read_text() + f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text(__file__)\n")
+    # Imported from the copy (the working directory), then run from elsewhere, as pytest's tests
+    # run in their own tmp_path.
+    code = (f"import os\nfrom harness.cli import main\nos.chdir({str(tmp_path)!r})\n"
+            f"raise SystemExit(main(['run', 'null', '--scenario', 'Offline', '--quick', '--results-dir', {str(tmp_path / 'r')!r}]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert marker.read_text() == str(runner)

@@ -225,7 +225,8 @@ class LocalLauncher:
         command = [sys.executable, "-m", "harness.running.launcher", str(workdir)]
         env = dict(os.environ)
         # The child must import this very harness, wherever the parent found it (a checkout or a wheel).
-        package_root = str(Path(__file__).resolve().parent.parent)
+        # That is the folder holding the `harness` package (this file is harness/running/launcher.py).
+        package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         sink = open(self.output, "ab") if self.output is not None else None
         try:
