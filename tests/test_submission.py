@@ -120,11 +120,14 @@ def test_audits_write_verify_files_with_verdicts_and_numbers(session: Path) -> N
             {"TEST01": ("FAIL", "FAIL", "PASS"), "TEST04": ("FAIL", "FAIL", None)}
 
 
-def test_session_resumes_without_rerunning(session: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Nothing runs, so nothing fails now: 0 (the earlier audits' FAILs stay in the state file).
-    assert run_cli(*_session_args(session)) == 0
-    out = capsys.readouterr().out
+def test_session_resumes_without_rerunning(session: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Nothing runs, and the verdict is the one the session reached: the earlier audits failed.
+    assert run_cli(*_session_args(session)) == 1
+    out, err = capfd.readouterr()
     assert out.count("skipped") == 8 and "started" not in out
+    assert out.count(", FAIL), skipped") == 4
+    assert err.splitlines()[-1] == ("compliance failed: Offline/TEST01, Offline/TEST04, SingleStream/TEST01, "
+                                    "SingleStream/TEST04")
 
 
 def test_redo_runs_the_chosen_step_again_and_only_it(session: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -134,7 +137,9 @@ def test_redo_runs_the_chosen_step_again_and_only_it(session: Path, capfd: pytes
     before = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
     assert run_cli(*args, "--redo", "SingleStream/TEST04") == 1  # it ran again, and fails again
     out, err = capfd.readouterr()
-    assert err.splitlines()[-1] == "compliance failed: SingleStream/TEST04"
+    # The step that ran again failed again; the three skipped ones failed earlier, and still count.
+    assert err.splitlines()[-1] == ("compliance failed: Offline/TEST01, Offline/TEST04, SingleStream/TEST01, "
+                                    "SingleStream/TEST04")
     assert out.count("skipped") == 7 and re.search(r"SingleStream TEST04: started", out)
     after = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
     ran = after["records"]["performance"]["compliance"]

@@ -177,7 +177,10 @@ def run_session(options: SessionOptions) -> int:
         previous = state["steps"].get(key, {})
         if (previous.get("status") == "done" and scenario not in rerun and key not in redo
                 and _step_output_exists(scenario_dir, step)):
-            print(f"{label}: done earlier (run {previous.get('run_id')}), skipped")
+            verdict = previous.get("verdict")
+            print(f"{label}: done earlier (run {previous.get('run_id')}{f', {verdict}' if verdict else ''}), skipped")
+            if verdict == "FAIL":  # a resumed session reports the same verdict as the one that ran it
+                failed_compliance.append(key)
             continue
         rerun.add(scenario)
         expected = None if options.quick or step == "accuracy" else _expected_seconds(state, scenario, step)
