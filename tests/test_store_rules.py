@@ -178,8 +178,22 @@ def test_get_run_by_id_or_unique_prefix(real: dict, tmp_path: Path) -> None:
             store.get_run("r")
         assert one_line(exc) == f"{store.path}: run id prefix 'r' is ambiguous (r1, r10, r2, ...)"
         with pytest.raises(UserError) as exc:
+            store.get_run("p")  # two matches are ambiguous too
+        assert one_line(exc) == f"{store.path}: run id prefix 'p' is ambiguous (p%q, pzq, ...)"
+        with pytest.raises(UserError) as exc:
             store.get_run("q")
         assert one_line(exc) == f"{store.path}: no run with id 'q'"
+
+
+def test_a_stored_record_this_version_cannot_read_names_its_run(real: dict, tmp_path: Path) -> None:
+    with db(tmp_path) as store:
+        store.add_run(real)
+        store.conn.execute("UPDATE runs SET record_json = ?", (json.dumps(make(real, real["run_id"], schema_version=7)),))
+        with pytest.raises(UserError) as exc:
+            store.get_run(real["run_id"])
+        assert one_line(exc).startswith(f"{store.path}: run {real['run_id']}: schema_version 7 is newer")
+        with pytest.raises(UserError, match=f"run {real['run_id']}: schema_version 7"):
+            store.records()
 
 
 def test_list_newest_first_with_ties_in_insertion_order(real: dict, tmp_path: Path) -> None:
