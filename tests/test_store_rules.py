@@ -555,3 +555,16 @@ def test_run_files_imported_once_each_and_all_or_nothing(real: dict, tmp_path: P
         assert "run-e" not in ids(store.list_runs())  # the good file before it was not stored either
         assert store_record_file(store, good) == "run-e"
         assert store.get_run("run-e") == make(real, "run-e")
+
+
+def test_stored_json_is_canonical_and_takes_any_value(real: dict, tmp_path: Path) -> None:
+    """The stored JSON does not depend on key order, and a value JSON lacks (a Path) is kept as text."""
+    reordered = dict(reversed(list(make(real, "b").items())))
+    with db(tmp_path) as store:
+        store.add_run(make(real, "a"))
+        store.add_run(reordered)
+        store.add_run(RunRecord.from_dict(make(real, "c", artifacts={"weights": Path("/w/model.onnx")})))
+        rows = {r["run_id"]: r["record_json"] for r in store.list_runs()}
+        assert rows["a"].replace('"a"', '"b"', 1) == rows["b"]
+        assert rows["a"] == json.dumps(make(real, "a"), sort_keys=True)
+        assert store.get_run("c")["artifacts"] == {"weights": "/w/model.onnx"}
