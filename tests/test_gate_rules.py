@@ -68,6 +68,23 @@ def test_a_limit_in_the_figures_own_unit_is_printed_without_a_unit() -> None:
                              "allowed +1000; no significance test (--test none): the limit alone decides")
 
 
+@pytest.mark.parametrize("text, baseline, at_limit, beyond", [
+    ("offline.p99_latency_ns:+1000", 5000.0, 6000.0, 6001.0),   # may rise by at most 1000
+    ("offline.p99_latency_ns:+10%", 200.0, 220.0, 221.0),       # at most 10%
+    (f"{THROUGHPUT}:-1000", 5000.0, 4000.0, 3999.0),            # may fall by at most 1000
+    (f"{THROUGHPUT}:-10%", 200.0, 180.0, 179.0),
+    ("accuracy.top1:-25pt", 0.5, 0.25, 0.2499),                 # exact in binary
+    pytest.param("accuracy.top1:-0.5pt", 0.75, 0.745, 0.744, marks=pytest.mark.xfail(
+        strict=True, reason="bug: 100 * (0.745 - 0.75) is -0.5000000000000004 in floating point, so a fall of "
+                            "exactly the limit in points fails")),
+])
+def test_a_change_exactly_at_the_limit_passes(text: str, baseline: float, at_limit: float, beyond: float) -> None:
+    rule = parse_rule(text)
+    held = gate._check(rule, "c", [baseline], [at_limit], "none", DEFAULT_ALPHA)
+    assert abs(held.change) == pytest.approx(rule.limit) and held.status == "pass"
+    assert gate._check(rule, "c", [baseline], [beyond], "none", DEFAULT_ALPHA).status == "fail"
+
+
 @pytest.mark.parametrize("text, fields", [
     ("model", ("model",)),
     (" scenario , model,, mode ", ("scenario", "model", "mode")),
