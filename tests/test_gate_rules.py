@@ -74,9 +74,7 @@ def test_a_limit_in_the_figures_own_unit_is_printed_without_a_unit() -> None:
     (f"{THROUGHPUT}:-1000", 5000.0, 4000.0, 3999.0),            # may fall by at most 1000
     (f"{THROUGHPUT}:-10%", 200.0, 180.0, 179.0),
     ("accuracy.top1:-25pt", 0.5, 0.25, 0.2499),                 # exact in binary
-    pytest.param("accuracy.top1:-0.5pt", 0.75, 0.745, 0.744, marks=pytest.mark.xfail(
-        strict=True, reason="bug: 100 * (0.745 - 0.75) is -0.5000000000000004 in floating point, so a fall of "
-                            "exactly the limit in points fails")),
+    ("accuracy.top1:-0.5pt", 0.75, 0.745, 0.744),               # 100 * (0.745 - 0.75) is -0.5000000000000004
 ])
 def test_a_change_exactly_at_the_limit_passes(text: str, baseline: float, at_limit: float, beyond: float) -> None:
     rule = parse_rule(text)

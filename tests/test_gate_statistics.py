@@ -164,7 +164,8 @@ def test_a_change_within_the_limit_passes_however_significant() -> None:
 def test_without_a_test_the_limit_alone_decides(baseline: list[float], candidate: list[float], test: str) -> None:
     fell = gate._check(parse_rule(f"{THROUGHPUT}:-5%"), "c", baseline, candidate, test, DEFAULT_ALPHA)
     assert fell.status == "fail" and fell.p_value is None
-    assert fell.test == "fewer than 2 runs on a side: the limit alone decides"
+    assert fell.test == ("no significance test (--test none): the limit alone decides" if test == "none"
+                         else "fewer than 2 runs on a side: the limit alone decides")
     held = gate._check(parse_rule(f"{THROUGHPUT}:-25%"), "c", baseline, candidate, test, DEFAULT_ALPHA)
     assert held.status == "pass"
 
