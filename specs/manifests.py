@@ -243,7 +243,7 @@ def _conversion(check: Checker, doc: Any, path: str) -> Conversion | None:
             check.fail(f"{path}.example_dims.{dim}", "a symbolic dim name mapped to a positive size", size)
     if not source or not to:
         return None
-    return Conversion(source, to, opset, tuple(sorted((str(k), int(v)) for k, v in dims.items())))
+    return Conversion(source, to, opset, tuple(sorted((str(k), int(v)) for k, v in dims.items() if isinstance(v, int))))
 
 
 def _code(check: Checker, doc: dict, key: str, path: str, required: bool) -> str | None:
@@ -292,7 +292,7 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
         "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset"))
     framework = check.get(doc, "framework", "", dict, "a mapping {name, version}") or {}
     check.unknown_keys(framework, "framework", ("name", "version"))
-    fw_name = check.one_of(framework, "name", "framework", known_names("framework")) if framework else ""
+    fw_name = check.one_of(framework, "name", "framework", known_names("framework")) if isinstance(doc.get("framework"), dict) else ""
     fw_version = check.get(framework, "version", "framework", str, "a version constraint such as '>=1.17'", False, "")
     if fw_version:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -480,7 +480,7 @@ def parse_reference(doc: Any, path: Path, sha: str) -> ReferenceLog:
         model=idents["model"], dataset=idents["dataset"],
         backend=check.get(doc, "backend", "", str, "a backend name") or "",
         accuracy={k: {"expected": float(v.get("expected", 0)), "tolerance": float(v.get("tolerance", 0))}
-                  for k, v in accuracy.items() if isinstance(v, dict)},
+                  for k, v in accuracy.items() if isinstance(v, dict) and not check.problems},
         performance=performance, outputs=tuple(outputs)))
 
 

@@ -39,7 +39,7 @@ class Checker:
         where = f"{path}.{key}" if path else key
         if not isinstance(doc, dict):
             return default
-        if key not in doc or doc[key] is None:
+        if key not in doc or doc[key] is None or required and doc[key] == "":
             if required:
                 self.fail(where, f"{expected} (required field is missing)")
             return default
