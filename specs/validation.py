@@ -98,6 +98,8 @@ def load_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError([f"{path}: byte {exc.start}: expected UTF-8 text, got {exc.object[exc.start:exc.start + 1]!r}"]) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -937,3 +937,13 @@ def test_a_manifest_compares_without_its_document() -> None:
     assert manifests.SoftwareManifest(kind="k", name="n", version="1.0.0", path=Path("p.yaml"), sha256=SHA,
                                       doc={"other": 1}) == one
     assert "doc" not in repr(one)
+
+
+def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path: Path) -> None:
+    from specs.validation import ManifestError, load_yaml
+
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("kind: model\nname: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ManifestError) as caught:
+        load_yaml(path)
+    assert str(caught.value) == f"{path}: byte 21: expected UTF-8 text, got b'\\xe9'"
