@@ -148,3 +148,23 @@ def tiny_torch_model(name: str = "tiny-cnn") -> str:
           settings: {{Offline: {{target_qps: 2000}}}}
         accuracy: {{metric: topk, k: [1]}}
         """)
+
+
+def linear_torch_model(name: str, *, sources: str = "", target_qps: int = 500, accuracy: bool = True) -> str:
+    """A PyTorch model manifest built in code: one Linear(1, 3) over null-samples, fed the label
+    (sample % 2), batches of up to 16. `sources` replaces the factory source (a `torchscript: ...`
+    line, say) or, starting with `weights:`, is added beside it (one line each, no indent)."""
+    factory = ("module:\n  factory: |\n    import torch\n    def factory(ctx):\n"
+               "        return torch.nn.Sequential(torch.nn.Linear(1, 3))")
+    module = sources if sources.startswith("torchscript:") else "\n".join(filter(None, (factory, sources)))
+    lines = [
+        "kind: model", f"name: {name}", "version: 1.0.0", 'framework: {name: torch, version: ">=2.0"}',
+        "dataset: null-samples",
+        "inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]",
+        "outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 3]}]",
+        "sources:", textwrap.indent(module, "  "),
+        "preprocess: |", "  import numpy as np", "  def preprocess(sample, ctx):",
+        "      return np.array([sample % 2], dtype=np.float32)",
+        "attributes:", "  max_batch_size: 16", f"  settings: {{Offline: {{target_qps: {target_qps}}}}}",
+    ]
+    return "\n".join(lines + (["accuracy: {metric: topk, k: [1]}"] if accuracy else [])) + "\n"

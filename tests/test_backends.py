@@ -12,7 +12,7 @@ import pytest
 from harness.errors import UserError
 from specs.manifests import load_manifest
 from sut import backends
-from tests.support import REPO, read_run, run_cli, sha256, write_manifest
+from tests.support import REPO, linear_torch_model, read_run, run_cli, sha256, write_manifest
 
 
 def test_harness_imports_without_frameworks() -> None:
@@ -50,30 +50,6 @@ def test_onnxruntime_batch_equals_single_samples() -> None:
     np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-6)
 
 
-TORCH_MODEL = """\
-    kind: model
-    name: tiny-torch
-    version: 1.0.0
-    framework: {name: torch, version: ">=2.0"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 3]}]
-    sources:
-      module:
-        factory: |
-          import torch
-          def factory(ctx):
-              return torch.nn.Sequential(torch.nn.Linear(1, 3))
-      WEIGHTS
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample % 2], dtype=np.float32)
-    attributes:
-      max_batch_size: 16
-      settings: {Offline: {target_qps: 5000}}
-    accuracy: {metric: topk, k: [1]}
-    """
 
 
 @pytest.fixture
@@ -90,7 +66,7 @@ def torch_weights(tmp_path: Path) -> Path:
 
 def test_torch_factory_with_state_dict_runs_accuracy(tmp_path: Path, specs_copy: Path, torch_weights: Path) -> None:
     weights = f"weights: {{uri: {torch_weights}, sha256: {sha256(torch_weights)}}}"
-    write_manifest(specs_copy / "models", "tiny-torch.yaml", TORCH_MODEL.replace("WEIGHTS", weights))
+    write_manifest(specs_copy / "models", "tiny-torch.yaml", linear_torch_model("tiny-torch", sources=weights, target_qps=5000))
     # x = label (0 or 1): class 0 scores 0.5 - x, class 1 scores x, so argmax is the label: top-1 must be 1.0
     assert run_cli("run", "tiny-torch", "--scenario", "Offline", "--mode", "accuracy", "--quick",
                    "--results-dir", tmp_path / "r") == 0
@@ -105,7 +81,7 @@ def test_torch_weights_that_do_not_fit_are_a_clear_error(tmp_path: Path, specs_c
     wrong = tmp_path / "wrong.pt"
     torch.save(torch.nn.Linear(2, 3).state_dict(), wrong)
     weights = f"weights: {{uri: {wrong}, sha256: {sha256(wrong)}}}"
-    write_manifest(specs_copy / "models", "tiny-torch.yaml", TORCH_MODEL.replace("WEIGHTS", weights))
+    write_manifest(specs_copy / "models", "tiny-torch.yaml", linear_torch_model("tiny-torch", sources=weights, target_qps=5000))
     assert run_cli("run", "tiny-torch", "--scenario", "Offline", "--quick", "--results-dir", tmp_path / "r") == 1
     err = capsys.readouterr().err
     assert "tiny-torch.yaml: sources.weights: state dict does not fit the module" in err
@@ -117,10 +93,8 @@ def test_torchscript_source(tmp_path: Path, specs_copy: Path, torch_weights: Pat
     module.load_state_dict(torch.load(torch_weights))
     scripted = tmp_path / "tiny.ts"
     torch.jit.script(module).save(str(scripted))
-    text = TORCH_MODEL.replace("WEIGHTS", "").replace(
-        "      module:\n        factory: |\n          import torch\n          def factory(ctx):\n"
-        "              return torch.nn.Sequential(torch.nn.Linear(1, 3))\n",
-        f"      torchscript: {{uri: {scripted}, sha256: {sha256(scripted)}}}\n")
+    text = linear_torch_model("tiny-torch", sources=f"torchscript: {{uri: {scripted}, sha256: {sha256(scripted)}}}",
+                              target_qps=5000)
     write_manifest(specs_copy / "models", "tiny-torch.yaml", text)
     assert run_cli("run", "tiny-torch", "--scenario", "Offline", "--mode", "accuracy", "--quick",
                    "--results-dir", tmp_path / "r") == 0

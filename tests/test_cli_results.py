@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.store.result_store import ResultStore
-from tests.support import REPO, run_cli
+from tests.support import REPO, linear_torch_model, run_cli
 
 FLAKY = """\
     kind: model
@@ -32,28 +32,6 @@ FLAKY = """\
       settings: {Offline: {target_qps: 2000}}
     """
 
-TINY_TORCH = """\
-    kind: model
-    name: tiny-torch
-    version: 1.0.0
-    framework: {name: torch, version: ">=2.0"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 3]}]
-    sources:
-      module:
-        factory: |
-          import torch
-          def factory(ctx):
-              return torch.nn.Sequential(torch.nn.Linear(1, 3))
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample % 2], dtype=np.float32)
-    attributes:
-      max_batch_size: 16
-      settings: {Offline: {target_qps: 500}}
-    """
 
 INDEX_COLUMNS = {"run_id", "started_at", "finished_at", "status", "error", "model", "model_version", "model_sha256",
                  "dataset", "dataset_sha256", "backend", "scenario", "mode", "system_name", "results_path",
@@ -77,7 +55,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> dict:
     specs = root / "specs"
     shutil.copytree(REPO / "specs", specs)
     (specs / "models" / "flaky.yaml").write_text(textwrap.dedent(FLAKY))
-    (specs / "models" / "tiny-torch.yaml").write_text(textwrap.dedent(TINY_TORCH))
+    (specs / "models" / "tiny-torch.yaml").write_text(linear_torch_model("tiny-torch", accuracy=False))
     results = root / "results"
     path = results / "mlharness.sqlite"
     runs: dict[str, str] = {}

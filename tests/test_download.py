@@ -19,7 +19,7 @@ import pytest
 from harness.errors import UserError
 from specs.artifacts import resolve
 from specs.manifests import Artifact
-from tests.support import run_cli, scenario_root, write_manifest
+from tests.support import linear_torch_model, run_cli, scenario_root, write_manifest
 
 PAYLOAD = b"weights over https\n" * 64
 WHERE = "m.yaml: sources.weights"
@@ -165,30 +165,6 @@ def test_an_untrusted_certificate_is_refused(server: Server, tmp_path: Path, mon
     assert cached_files(tmp_path / "cache") == []
 
 
-TORCH_MODEL = """\
-    kind: model
-    name: https-torch
-    version: 1.0.0
-    framework: {name: torch, version: ">=2.0"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: y, type: scores, element_type: float32, shape: [batch, 3]}]
-    sources:
-      module:
-        factory: |
-          import torch
-          def factory(ctx):
-              return torch.nn.Sequential(torch.nn.Linear(1, 3))
-      weights: {uri: URL, sha256: SHA}
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample % 2], dtype=np.float32)
-    attributes:
-      max_batch_size: 16
-      settings: {Offline: {target_qps: 500}}
-    accuracy: {metric: topk, k: [1]}
-    """
 
 
 def test_a_run_downloads_its_weights_once(server: Server, trusted: Path, specs_copy: Path, tmp_path: Path) -> None:
@@ -202,7 +178,8 @@ def test_a_run_downloads_its_weights_once(server: Server, trusted: Path, specs_c
     local = tmp_path / "tiny.pt"
     torch.save(layer.state_dict(), local)
     url, digest = serve(server, "tiny.pt", local.read_bytes())
-    write_manifest(specs_copy / "models", "https-torch.yaml", TORCH_MODEL.replace("URL", url).replace("SHA", digest))
+    write_manifest(specs_copy / "models", "https-torch.yaml",
+                   linear_torch_model("https-torch", sources=f"weights: {{uri: {url}, sha256: {digest}}}"))
     for number in (1, 2):
         results = tmp_path / f"r{number}"
         assert run_cli("run", "https-torch", "--scenario", "Offline", "--mode", "accuracy", "--quick",
