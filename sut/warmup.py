@@ -26,7 +26,7 @@ def first_inference_and_warm_up(runtime: Runtime, max_batch_size: int, queries: 
     batch_size = max(1, max_batch_size if runtime.backend.supports_batching else 1)
     warm = queries > 0 or seconds > 0
     distinct = list(range(min(batch_size if warm else 1, len(runtime.staged))))
-    prepared = _prepare(runtime.staged, distinct)
+    prepared = prepare_batch(runtime.staged, distinct)
 
     started = time.perf_counter()
     _infer(runtime, result_of, {name: array[:1] for name, array in prepared.items()}, 1, distinct[:1])
@@ -47,7 +47,7 @@ def first_inference_and_warm_up(runtime: Runtime, max_batch_size: int, queries: 
                        "requested": {"queries": queries, "seconds": seconds}}}
 
 
-def _prepare(staged: StagedSamples, indices: Sequence[int]) -> dict[str, np.ndarray]:
+def prepare_batch(staged: StagedSamples, indices: Sequence[int]) -> dict[str, np.ndarray]:
     """Load and preprocess `indices` into one array per input, rows in order (as LoadQuerySamples would)."""
     per_sample = [staged._prepare(index) for index in indices]
     for index, arrays in zip(indices[1:], per_sample[1:]):

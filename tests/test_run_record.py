@@ -1,4 +1,4 @@
-"""RunRecord is the type readers use: its `kind` (schema version 2, migrated from version 1 files
+"""RunRecord is the type readers use: its `kind` (schema version 2) and `bricks` (version 3), migrated from older files
 and database rows), newer records refused in one line, the typed accessors on real runs, and a
 record of another kind stored and listed but left out, with a reason, by the submission packager."""
 from __future__ import annotations
@@ -36,18 +36,35 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
 
 
 def _as_version_1(record: dict) -> dict:
-    """The record as mlharness wrote it before `kind` existed."""
-    old = {k: v for k, v in record.items() if k != "kind"}
+    """The record as mlharness wrote it before `kind` (and `bricks`) existed."""
+    old = {k: v for k, v in record.items() if k not in ("kind", "bricks")}
     old["schema_version"] = 1
+    return old
+
+
+def _as_version_2(record: dict) -> dict:
+    """The record as mlharness wrote it before `bricks` existed."""
+    old = {k: v for k, v in record.items() if k != "bricks"}
+    old["schema_version"] = 2
     return old
 
 
 # ---- migration 1 -> 2 -------------------------------------------------------------------------
 
-def test_a_new_run_is_a_version_2_loadgen_record(runs: tuple[Path, dict, dict]) -> None:
+def test_a_new_run_is_a_version_3_loadgen_record(runs: tuple[Path, dict, dict]) -> None:
     _, perf, _ = runs
-    assert RUN_SCHEMA_VERSION == 2
-    assert (perf["schema_version"], perf["kind"]) == (2, LOADGEN)
+    assert RUN_SCHEMA_VERSION == 3
+    assert (perf["schema_version"], perf["kind"], perf["bricks"]) == (3, LOADGEN, None)
+
+
+def test_a_version_2_run_json_loads_with_no_bricks(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    _, perf, _ = runs
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_as_version_2(perf)))
+    assert "bricks" not in json.loads(path.read_text())
+    record = RunRecord.load(path)
+    assert (record.schema_version, record.kind, record.bricks) == (3, LOADGEN, None)
+    assert read_record_file(path) == perf
 
 
 def test_a_version_1_run_json_loads_as_a_loadgen_record(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
@@ -55,7 +72,7 @@ def test_a_version_1_run_json_loads_as_a_loadgen_record(runs: tuple[Path, dict, 
     path = tmp_path / "run.json"
     path.write_text(json.dumps(_as_version_1(perf)))
     record = RunRecord.load(path)
-    assert (record.schema_version, record.kind, record.run_id) == (2, LOADGEN, perf["run_id"])
+    assert (record.schema_version, record.kind, record.run_id) == (3, LOADGEN, perf["run_id"])
     assert read_record_file(path) == perf  # nothing else changed
 
 
@@ -65,14 +82,14 @@ def test_a_stored_version_1_row_reads_back_migrated(runs: tuple[Path, dict, dict
     db = tmp_path / "db.sqlite"
     with ResultStore(db) as store:
         store.add_run(_as_version_1(perf))  # an old record given to the store is migrated first
-        assert store.list_runs()[0]["record_schema_version"] == 2
+        assert store.list_runs()[0]["record_schema_version"] == 3
         # A row an older mlharness wrote: version-1 JSON in record_json.
         store.conn.execute("UPDATE runs SET record_json = ?, record_schema_version = 1 WHERE run_id = ?",
                            (json.dumps(_as_version_1(perf)), perf["run_id"]))
         assert store.get_run(perf["run_id"]) == perf
         assert store.records() == [perf]
         (record,) = store.run_records()
-        assert (record.schema_version, record.kind) == (2, LOADGEN)
+        assert (record.schema_version, record.kind) == (3, LOADGEN)
         assert store.get_record(perf["run_id"][:-1]).kind == LOADGEN
     capsys.readouterr()
     assert run_cli("results", "show", perf["run_id"], "--json", "--db", db) == 0

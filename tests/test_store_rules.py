@@ -81,7 +81,7 @@ def test_index_columns_figures_and_json_of_a_real_run(real: dict, tmp_path: Path
             "mode": "performance", "system_name": real["system_name"], "results_path": real["results_path"],
             "metric_name": "offline.samples_per_second",
             "metric_value": real["performance"]["samples_per_second"],
-            "result_valid": int(bool(real["performance"]["valid"])), "record_schema_version": 2,
+            "result_valid": int(bool(real["performance"]["valid"])), "record_schema_version": 3,
             "batch_size": 4, "threads": 3, "sweep_id": None, "cell_key": None, "repeat_index": None,
         }
         assert {k: row[k] for k in expected} == expected
@@ -318,7 +318,7 @@ def test_sweeps_listed_by_last_update(tmp_path: Path) -> None:
 def test_a_new_database_and_its_folders_are_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "new.sqlite"
     with ResultStore(path) as store:
-        assert schema_version(store.conn) == SCHEMA_VERSION == 2
+        assert schema_version(store.conn) == SCHEMA_VERSION == 3
         assert store.path == path
     assert path.is_file()
     with ResultStore(tmp_path / "flat.sqlite") as store:  # its folder exists already
@@ -365,10 +365,13 @@ def test_an_empty_file_migrates_one_step_at_a_time(tmp_path: Path) -> None:
     assert schema_version(conn) == 1
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"meta", "runs", "run_metrics"}
-    assert migrate(conn, path) == 2
+    assert migrate(conn, path, target=2) == 2
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"meta", "runs", "run_metrics", "sweeps", "sweep_cells"}
-    assert migrate(conn, path) == 2  # nothing left to do
+    assert migrate(conn, path) == 3
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"meta", "runs", "run_metrics", "sweeps", "sweep_cells", "brick_measurements"}
+    assert migrate(conn, path) == 3  # nothing left to do
     conn.close()
 
 
@@ -400,13 +403,13 @@ def test_a_failed_migration_step_changes_nothing(real: dict, tmp_path: Path,
     path = tmp_path / "v1.sqlite"
     _v1_database(path, [("good", json.dumps(make(real, "good")))])
 
-    first, second = result_store.MIGRATIONS
+    first, second, third = result_store.MIGRATIONS
 
     def half_then_fail(conn: sqlite3.Connection) -> None:
         second(conn)  # the whole step's work, then a failure before it is committed
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(result_store, "MIGRATIONS", [first, half_then_fail])
+    monkeypatch.setattr(result_store, "MIGRATIONS", [first, half_then_fail, third])
     with pytest.raises(RuntimeError, match="disk on fire"):
         ResultStore(path)
     monkeypatch.undo()

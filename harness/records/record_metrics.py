@@ -20,6 +20,7 @@ HEADLINE = {
     "Server": ("completed_samples_per_second", True),
     "SingleStream": ("p90_latency_ns", False),
     "MultiStream": ("p99_latency_ns", False),
+    "bricks": ("estimate_ms", False),  # a layer benchmark (harness.bricks): its composed estimate
 }
 
 
@@ -53,6 +54,10 @@ def flatten(record: Any) -> dict[str, float]:
     for key, value in (cold_start.get("device_memory") or {}).items():
         if (number := _number(value)) is not None:
             figures[f"coldstart.device_{key}"] = number
+    summary = (_part(record, "bricks") or {}).get("summary") or {}
+    for key, value in summary.items():
+        if (number := _number(value)) is not None:
+            figures[f"bricks.{key}"] = number
     return figures
 
 

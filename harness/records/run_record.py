@@ -15,6 +15,7 @@ from harness.records import record_metrics
 # LoadGen summary; later kinds (layer benchmarks, LLM token runs) will not, so a reader that needs
 # LoadGen's fields checks `is_loadgen` and skips, with a reason, a record of another kind.
 LOADGEN = "loadgen"
+BRICKS = "bricks"  # a layer-level benchmark (harness.bricks): `bricks` holds its figures
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
@@ -23,10 +24,16 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 added `bricks` (a layer benchmark's figures); no earlier record has them."""
+    data.setdefault("bricks", None)
+    return data
+
+
 # MIGRATIONS[n] takes a version n + 1 record (a run.json dict) to version n + 2, as the results
 # database migrates (harness.store.result_store). Older records are migrated forward when read, newer
 # ones are refused rather than guessed at.
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2]
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2, _v2_to_v3]
 RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 
@@ -72,6 +79,7 @@ class RunRecord:
     loadgen: dict[str, Any] = field(default_factory=dict)  # errors/warnings LoadGen logged, per mode
     profile: dict[str, Any] | None = None
     compliance: dict[str, Any] | None = None
+    bricks: dict[str, Any] | None = None  # kind BRICKS: estimate, lower bound, measured, every brick
     results_path: str = ""
 
     def to_dict(self) -> dict[str, Any]:

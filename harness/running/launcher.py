@@ -134,7 +134,7 @@ def finalize_abandoned(staging: Path, error: str) -> RunRecord | None:
     try:
         data = json.loads((staging / "run.json").read_text())
         record = RunRecord.from_dict(data)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # AttributeError: JSON that is not an object
         record = None
     try:
         os.replace(staging, target)
@@ -485,13 +485,18 @@ def child_main(workdir: Path) -> None:
     try:
         request = RunRequest.from_json((workdir / "request.json").read_text())
         _run_deadline(guard, request.timeout)
-        from harness.running import runner
-
-        record = runner.run_here(request, guard)
+        record = runner_for(request.kind).run_here(request, guard)
         outcome = Outcome(kind="result", record=record)
     except BaseException as exc:  # noqa: BLE001 - everything becomes an envelope
         outcome = _error_outcome(exc)
     _exit_with(workdir, outcome)
+
+
+def runner_for(kind: str) -> Any:
+    """The module whose `run_here(request, guard)` executes a run of this kind in this process."""
+    import importlib
+
+    return importlib.import_module({"loadgen": "harness.running.runner", "bricks": "harness.bricks.runner"}[kind])
 
 
 def _error_outcome(exc: BaseException) -> Outcome:

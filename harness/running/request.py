@@ -15,7 +15,11 @@ DEFAULT_RESULTS_DIR = Path("results")
 # A whole run (all its LoadGen tests) longer than this is stopped and recorded as failed. Full-length
 # submission tests take 10 to 20 minutes each on a small machine; --timeout raises it.
 DEFAULT_RUN_TIMEOUT = 4 * 3600.0
-REQUEST_SCHEMA_VERSION = 1
+# Version 2 added `kind` and the layer-benchmark fields (batch, measured_run, variants, brick_time_cap).
+REQUEST_SCHEMA_VERSION = 2
+# What a run measures, and so which runner executes it in the run's process (harness.running.launcher):
+# a LoadGen test, or a layer-level benchmark of the model's bricks (harness.bricks).
+RUN_KINDS = ("loadgen", "bricks")
 
 _PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root")
 _TUPLE_FIELDS = ("presets", "overrides", "profile", "compliance")
@@ -45,6 +49,14 @@ class RunRequest:
     timeout: float = DEFAULT_RUN_TIMEOUT  # seconds for the whole run, in its own process
     specs_root: Path | None = None  # None: $MLHARNESS_SPECS or the shipped specs
     compliance: tuple[str, ...] = ()  # audits (TEST01, TEST04) to run on the run once it is done
+    kind: str = "loadgen"  # one of RUN_KINDS
+    # kind "bricks": the batch the model is decomposed at, the LoadGen run that measured the model whole
+    # (its id, compared with the estimate), whether to measure the lower bound's variants, and the
+    # time cap in seconds of one brick's measurement.
+    batch: int = 1
+    measured_run: str | None = None
+    variants: bool = True
+    brick_time_cap: float = 2.0
 
     def __post_init__(self) -> None:
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
@@ -60,6 +72,17 @@ class RunRequest:
                 object.__setattr__(self, "user_conf_text", self.user_conf.read_text())
             except OSError as exc:
                 raise UserError(f"{self.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
+        if self.kind not in RUN_KINDS:
+            raise UserError(f"run kind: expected one of {', '.join(RUN_KINDS)}, got {self.kind!r}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise UserError(f"--batch: expected a batch size >= 1, got {self.batch!r}")
+        try:
+            cap = float(self.brick_time_cap)
+        except (TypeError, ValueError):
+            cap = float("nan")
+        if not cap > 0 or cap == float("inf"):
+            raise UserError(f"--time-cap: expected a number of seconds > 0, got {self.brick_time_cap!r}")
+        object.__setattr__(self, "brick_time_cap", cap)
         if not self.model:
             raise UserError("model: expected a model manifest name or path, got nothing")
         if self.scenario not in SCENARIOS:

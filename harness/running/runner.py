@@ -91,9 +91,9 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
     return options
 
 
-def run_here(request: RunRequest, guard: Any) -> RunRecord:
-    """The run itself, in this process (the launcher's child): `guard` (harness.running.launcher.RunGuard)
-    is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
+def resolve_manifests(request: RunRequest) -> tuple[ModelManifest, str, Any, Any, Any, ReferenceLog | None]:
+    """(model, backend name, dataset, hardware, software, reference) the request names; pins the
+    process to the hardware manifest's CPUs first, so everything detected or started later sees it."""
     from specs.index import default_index
 
     index = SpecIndex(request.specs_root) if request.specs_root else default_index()
@@ -108,8 +108,15 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     software = index.find("software", request.software or backend_name)
     reference = index.find("reference", request.reference) if request.reference else \
         find_reference(index, model, dataset.name, backend_name)
+    return model, backend_name, dataset, hardware, software, reference
+
+
+def run_here(request: RunRequest, guard: Any) -> RunRecord:
+    """The run itself, in this process (the launcher's child): `guard` (harness.running.launcher.RunGuard)
+    is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
+    model, backend_name, dataset, hardware, software, reference = resolve_manifests(request)
     settings = prepare_settings(request, model)
-    _check_device(backend_name, hardware)
+    check_device(backend_name, hardware)
     installed = system_mod.check_software(software)
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
@@ -156,14 +163,14 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         write_text(where.stage() / "README.md", results.readme(model, request.scenario, record.command))
         record.status = "ok"
     except BaseException as exc:
-        _record_usage(record, hardware)
-        _fail_run(record, where, exc, guard)
+        record_usage(record, hardware)
+        fail_run(record, where, exc, guard)
     finally:
         if runtime is not None:
             runtime.backend.close()
-    _record_usage(record, hardware)
+    record_usage(record, hardware)
     if not guard.finalizing():
-        _wait_for_abort()
+        wait_for_abort()
     record.finished_at = utc_now()
     record.results_path = str(where.run_dir)
     write_json(where.stage() / "run.json", record.to_dict())
@@ -196,7 +203,7 @@ def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], sce
         settings.layers.append("measured")
 
 
-def _check_device(backend_name: str, hardware: Any) -> None:
+def check_device(backend_name: str, hardware: Any) -> None:
     """A device the backend cannot use here is refused before anything is written."""
     from sut import backends as backend_registry
 
@@ -205,18 +212,18 @@ def _check_device(backend_name: str, hardware: Any) -> None:
         raise UserError(f"{hardware.path}: {problem}")
 
 
-def _record_usage(record: RunRecord, hardware: Any) -> None:
+def record_usage(record: RunRecord, hardware: Any) -> None:
     """Peak memory of the run's process (and of the device where one was used), for run.json."""
     from harness.resources import usage
 
     record.cold_start.update(usage(hardware.device))
 
 
-def _fail_run(record: RunRecord, where: results.ScenarioDir, exc: BaseException, guard: Any) -> None:
+def fail_run(record: RunRecord, where: results.ScenarioDir, exc: BaseException, guard: Any) -> None:
     """Keep the failed run in failed-<run id>/ with its record (and the traceback of anything that is
     not a user's mistake) and raise RunFailed; unless an abort is already writing it."""
     if not guard.finalizing():
-        _wait_for_abort()
+        wait_for_abort()
     failure = guard.aborted or exc
     record.status = "failed"
     record.error = str(failure) if isinstance(failure, UserError) else f"{type(failure).__name__}: {failure}"
@@ -246,7 +253,7 @@ def _bug_behind(failure: BaseException) -> BaseException | None:
     return cause if cause is not None and not isinstance(cause, UserError) else None
 
 
-def _wait_for_abort() -> None:
+def wait_for_abort() -> None:
     """The guard's abort is writing the failed run and will end this process; wait for it."""
     while True:
         time.sleep(60)

@@ -64,6 +64,20 @@ CREATE TABLE sweep_cells (
 """
 
 
+# Version 3: brick measurements (harness.bricks). One row per brick key, fingerprint (the system and
+# runtime it was measured on) and variant (threads, optimization level, execution provider), so a later
+# model or invocation on the same fingerprint reuses it instead of measuring it again.
+_V3 = """
+CREATE TABLE brick_measurements (
+  brick_key TEXT NOT NULL, fingerprint TEXT NOT NULL, variant TEXT NOT NULL,
+  op_type TEXT, label TEXT, descriptor_json TEXT,
+  median_ms REAL NOT NULL, ci_low_ms REAL, ci_high_ms REAL, repeats INTEGER, stable INTEGER, seconds REAL,
+  run_id TEXT, measured_at TEXT,
+  PRIMARY KEY (brick_key, fingerprint, variant)
+);
+"""
+
+
 def _batch_and_threads(record: RunRecord) -> tuple[int | None, int | None]:
     return record.batch_size, record.threads
 
@@ -94,6 +108,7 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     lambda conn: _run_script(conn, _V1),
     _migrate_v2,
+    lambda conn: _run_script(conn, _V3),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -214,6 +229,38 @@ class ResultStore:
             self.conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (run.run_id,))
             self.conn.executemany("INSERT INTO run_metrics (run_id, name, value) VALUES (?, ?, ?)",
                                   [(run.run_id, k, v) for k, v in run.figures().items()])
+            self._add_brick_measurements(run)
+
+    def _add_brick_measurements(self, run: RunRecord) -> None:
+        """The bricks a layer-benchmark run measured (not those it reused), keyed for reuse."""
+        rows = (run.bricks or {}).get("measured") or []
+        fingerprint = ((run.bricks or {}).get("summary") or {}).get("fingerprint")
+        if not rows or not fingerprint or run.status != "ok":
+            return
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO brick_measurements (brick_key, fingerprint, variant, op_type, label, "
+            "descriptor_json, median_ms, ci_low_ms, ci_high_ms, repeats, stable, seconds, run_id, measured_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r["brick_key"], fingerprint, r["variant"], r.get("op_type"), r.get("label"),
+              json.dumps(r.get("descriptor"), sort_keys=True, default=str), float(r["median_ms"]), r.get("ci_low_ms"),
+              r.get("ci_high_ms"), r.get("repeats"), int(bool(r.get("stable"))), r.get("seconds"), run.run_id,
+              run.finished_at) for r in rows])
+
+    def brick_measurements(self, fingerprint: str, keys: Iterable[str]) -> dict[tuple[str, str], dict[str, Any]]:
+        """{(brick key, variant): measurement} stored for these keys under this fingerprint."""
+        keys = list(dict.fromkeys(keys))
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for start in range(0, len(keys), 500):  # SQLite's limit on bound parameters
+            chunk = keys[start:start + 500]
+            rows = self.conn.execute(
+                f"SELECT * FROM brick_measurements WHERE fingerprint = ? AND brick_key IN ({', '.join('?' * len(chunk))})",
+                [fingerprint, *chunk]).fetchall()
+            for row in rows:
+                found[(row["brick_key"], row["variant"])] = dict(row)
+        return found
+
+    def count_brick_measurements(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM brick_measurements").fetchone()[0])
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The full record dict of a run by id or a unique id prefix, migrated to this version (fields

@@ -54,6 +54,10 @@ class OnnxRuntimeBackend(Backend):
         self._check_io()
         self.output_names = [o.name for o in self.model.outputs]
 
+    def new_session_options(self) -> Any:
+        """Fresh SessionOptions as this backend's session has them (threads, mode, optimization level)."""
+        return self._session_options()
+
     def _session_options(self) -> Any:
         import onnxruntime as ort
 

@@ -1,0 +1,1 @@
+"""Layer-level benchmarks: bricks, composed estimates and lower bounds (DLBricks, Benanza)."""

@@ -1,0 +1,317 @@
+"""A layer-level benchmark run (kind "bricks"), in the run's own process (harness.running.launcher):
+the model's executed graph decomposed into bricks (sut.bricks), each unique brick benchmarked once
+(or taken from the results database, measured earlier on this system and software), the model
+composed from them and compared with the LoadGen run that measured it whole (request.measured_run).
+
+Nothing here writes the database: the bricks measured by this run travel back in the record
+(`bricks.measured`), and the launching process stores them (harness.store.result_store)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.atomic_io import write_json, write_text
+from harness.bricks import compose
+from harness.errors import UserError
+from harness.records import results
+from harness.records.run_record import BRICKS, RunRecord, new_run_id, utc_now
+from harness.running import runner as loadgen_runner
+from harness.running import system as system_mod
+from harness.running.request import RunRequest
+
+BRICKS_FOLDER = "bricks"  # <results>/<system>/<model>/bricks/runs/<run id>/
+BRICKS_JSON_VERSION = 1
+
+
+def fingerprint(system: dict[str, Any], hardware: dict[str, Any], versions: dict[str, str], providers: list[str]) -> str:
+    """What a brick's time depends on besides the brick: the CPU, the CPUs it may use, the device and
+    the runtime's version. A later model or invocation reuses a brick only under the same fingerprint."""
+    data = {"cpu_model": system.get("cpu_model"), "cpus_available": system.get("cpus_available"),
+            "device": hardware.get("device"), "cpu_affinity": hardware.get("cpu_affinity") or [],
+            "onnxruntime": versions.get("onnxruntime"), "providers": providers}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _say(text: str) -> None:
+    print(f"[bricks] {text}", file=sys.stderr, flush=True)
+
+
+def run_here(request: RunRequest, guard: Any) -> RunRecord:
+    model, backend_name, dataset, hardware, software, _ = loadgen_runner.resolve_manifests(
+        _as_onnxruntime(request))
+    if backend_name != "onnxruntime":
+        raise UserError(f"--backend {backend_name}: bricks are measured on onnxruntime only")
+    if model.framework != "onnxruntime":
+        raise UserError(f"{model.path}: framework: bricks need an ONNX graph; model {model.name!r} runs on "
+                        f"{model.framework} (write an onnxruntime manifest whose sources.graph converts it)")
+    settings = loadgen_runner.prepare_settings(_settings_request(request), model)
+    loadgen_runner.check_device(backend_name, hardware)
+    installed = system_mod.check_software(software)
+    for var, value in software.environment.items():
+        os.environ.setdefault(var, value)
+    detected = system_mod.detect_system()
+    system_name = system_mod.system_name(detected, hardware.device)
+    run_id = new_run_id()
+    where = results.scenario_dir(Path(request.results_dir), system_name, model.name, BRICKS_FOLDER, run_id)
+    versions = system_mod.software_versions()
+    record = RunRecord(
+        run_id=run_id, command=request.command, model=model.identity(), dataset=dataset.identity(),
+        backend=backend_name, scenario=BRICKS_FOLDER, mode=BRICKS_FOLDER, kind=BRICKS, system_name=system_name,
+        system=detected, software={"manifest": software.identity(), "checked": installed, "versions": versions},
+        hardware=hardware.identity() | {"device": hardware.device, "cpu_affinity": list(hardware.cpu_affinity or ())},
+        settings=settings.as_record(), results_path=str(where.staging))
+    guard.started(record, where)
+    runtime = None
+    try:
+        from sut.runtime import build_runtime
+
+        options = loadgen_runner._harness_options(settings, model) | {"max_batch_size": request.batch}
+        runtime = build_runtime(model, dataset, hardware, backend_name, options)
+        record.backend_info = runtime.backend.describe()
+        record.artifacts = runtime.artifacts
+        record.cold_start = dict(runtime.cold_start)
+        loaded = guard.watch(float(options["load_timeout"]), "preparing the model's bricks (samples, graph, capture)")
+        try:
+            record.bricks = measure_model(runtime, request, record, where)
+        finally:
+            loaded()
+        record.status = "ok"
+    except BaseException as exc:
+        loadgen_runner.record_usage(record, hardware)
+        loadgen_runner.fail_run(record, where, exc, guard)
+    finally:
+        if runtime is not None:
+            runtime.backend.close()
+    loadgen_runner.record_usage(record, hardware)
+    if not guard.finalizing():
+        loadgen_runner.wait_for_abort()
+    record.finished_at = utc_now()
+    record.results_path = str(where.run_dir)
+    write_json(where.stage() / "run.json", record.to_dict())
+    (where.staging / "owner.json").unlink(missing_ok=True)
+    where.publish()
+    return record
+
+
+def _as_onnxruntime(request: RunRequest) -> RunRequest:
+    from dataclasses import replace
+
+    return replace(request, backend=request.backend or "onnxruntime")
+
+
+def _settings_request(request: RunRequest) -> RunRequest:
+    """The settings layers of the measuring run (SingleStream; MultiStream at a batch above 1)."""
+    from dataclasses import replace
+
+    return replace(request, scenario="SingleStream" if request.batch == 1 else "MultiStream", mode="performance")
+
+
+def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: results.ScenarioDir) -> dict[str, Any]:
+    """Decompose, benchmark (or reuse) every brick and its variants, compose; writes bricks.json."""
+    from sut import bricks as sb
+    from sut.warmup import prepare_batch
+
+    backend = runtime.backend
+    batch = request.batch
+    count = len(runtime.staged)
+    first = [i % count for i in range(batch)]
+    second = [(batch + i) % count for i in range(batch)]
+    feeds = prepare_batch(runtime.staged, first)
+    check_feeds = prepare_batch(runtime.staged, second) if second != first else None
+    providers = list(backend.providers)
+    level = _level_name(backend.session_options.graph_optimization_level)
+    threads = int(backend.intra_op_threads)
+    where_text = str(runtime.model.path)
+    staged_dir = where.stage()
+    started = time.perf_counter()
+    optimized = sb.optimized_graph(Path(backend.graph_path), backend.new_session_options(), providers,
+                                   staged_dir / "optimized.onnx")
+    decomposition = sb.decompose(optimized, feeds, check_feeds, backend.new_session_options, providers, level, where_text)
+    decompose_seconds = time.perf_counter() - started
+    _say(f"{runtime.model.name}: {decomposition.node_count} nodes of the graph as executed "
+         f"({level}), {len(decomposition.bricks)} unique bricks")
+
+    fp = fingerprint(record.system, record.hardware, record.software.get("versions", {}), providers)
+    known = _known_measurements(request, fp, [b.key for b in decomposition.bricks])
+    rule = sb.ConfidenceRule(time_cap=request.brick_time_cap)
+    variant_rule = sb.ConfidenceRule(time_cap=max(request.brick_time_cap / 4, 0.05))
+    main_variant = variant_name(threads, sb.AS_EXECUTED, providers[0])
+    variants = _variants(threads, providers, request.variants)
+    variant_names = [variant_name(t, lvl, providers[0]) for t, lvl in variants]
+
+    def options_for(variant_threads: int, opt_level: str) -> Any:
+        options = backend.new_session_options()
+        options.intra_op_num_threads = variant_threads
+        options.graph_optimization_level = sb.ort_level(opt_level)
+        return options
+
+    # The cost of a session call that does nothing, at each thread count a variant uses.
+    empty_model = sb.empty_session_model(optimized.opset_import, optimized.ir_version)
+    empties: dict[str, float] = {}
+    for variant_threads in sorted({threads} | {v[0] for v in variants}):
+        session = sb.new_session(empty_model, options_for(variant_threads, sb.AS_EXECUTED), providers[:1])
+        import numpy as np
+
+        empties[str(variant_threads)] = sb.measure(sb.session_call(session, {"x": np.zeros(1, np.float32)}),
+                                                   sb.ConfidenceRule(time_cap=0.5)).median_ms
+    # The whole model, in a plain session with the run's options: its median, and how long it took to
+    # reach the same confidence as a brick (the time the bricks are compared with).
+    whole_started = time.perf_counter()
+    whole_session = sb.new_session(str(backend.graph_path), backend.new_session_options(), providers)
+    whole_setup = time.perf_counter() - whole_started
+    whole = sb.measure(sb.session_call(whole_session, feeds), sb.ConfidenceRule(time_cap=max(request.brick_time_cap * 10, 5.0)),
+                       setup_seconds=whole_setup)
+    del whole_session
+
+    measured_rows: list[dict[str, Any]] = []
+    brick_entries: list[dict[str, Any]] = []
+    figures: list[compose.BrickFigures] = []
+    reused = 0
+    reuse_saved = 0.0
+    measuring_seconds = 0.0  # the bricks as executed: what the composed estimate cost
+    variant_seconds = 0.0  # the lower bound's other variants
+    for position, brick in enumerate(decomposition.bricks, 1):
+        wanted = list(dict.fromkeys([main_variant, *variant_names]))
+        found = {name: known[(brick.key, name)] for name in wanted if (brick.key, name) in known}
+        needed = [name for name in wanted if name not in found]
+        results_by_variant: dict[str, dict[str, Any]] = dict(found)
+        if main_variant in found:
+            reused += 1
+            reuse_saved += float(found[main_variant].get("seconds") or 0.0)
+        for name in needed:
+            variant_threads, opt_level, provider = parse_variant(name)
+            setup_started = time.perf_counter()
+            session = sb.new_session(brick.model_bytes, options_for(variant_threads, opt_level), [provider])
+            setup = time.perf_counter() - setup_started
+            measurement = sb.measure(sb.session_call(session, brick.feed),
+                                     rule if name == main_variant else variant_rule, setup_seconds=setup)
+            if name == main_variant:
+                measuring_seconds += measurement.seconds
+            else:
+                variant_seconds += measurement.seconds
+            row = {"brick_key": brick.key, "variant": name, "op_type": brick.op_type, "label": brick.label,
+                   "descriptor": brick.describe() | {"nodes": None, "multiplicity": None},
+                   **measurement.describe()}
+            measured_rows.append(row)
+            results_by_variant[name] = row
+        main = results_by_variant[main_variant]
+        others = {name: float(r["median_ms"]) for name, r in results_by_variant.items()}
+        best = compose.best_variant(others, empties, {name: str(parse_variant(name)[0]) for name in others}) \
+            if request.variants else None
+        figure = compose.BrickFigures(brick.key, brick.op_type, brick.label, brick.multiplicity,
+                                      float(main["median_ms"]), empties[str(threads)],
+                                      best[1] if best else None, best[0] if best else None)
+        figures.append(figure)
+        brick_entries.append(brick.describe() | {
+            "reused": main_variant in found, "median_ms": figure.median_ms, "net_ms": figure.net_ms,
+            "ci_low_ms": main.get("ci_low_ms"), "ci_high_ms": main.get("ci_high_ms"), "repeats": main.get("repeats"),
+            "stable": bool(main.get("stable")), "total_ms": figure.total_ms,
+            "variants": {name: {k: r.get(k) for k in ("median_ms", "ci_low_ms", "ci_high_ms", "repeats", "stable")}
+                         for name, r in sorted(results_by_variant.items())},
+            "best_variant": figure.best_variant, "best_net_ms": figure.best_ms})
+        if position % 10 == 0 or position == len(decomposition.bricks):
+            _say(f"{runtime.model.name}: {position}/{len(decomposition.bricks)} bricks ({reused} reused)")
+
+    estimate = compose.estimate_ms(figures, empties[str(threads)])
+    lower = compose.lower_bound_ms(figures, empties[str(threads)]) if request.variants else None
+    measured = _measured_latency(request)
+    summary = {
+        "batch": batch, "threads": threads, "optimization_level": level, "providers": providers,
+        "fingerprint": fp, "nodes": decomposition.node_count, "unique_bricks": len(figures),
+        "reused_bricks": reused, "measured_bricks": len(figures) - reused,
+        "estimate_ms": estimate, "lower_bound_ms": lower,
+        "measured_ms": measured["latency_ms"] if measured else None,
+        "measured_run": measured["run_id"] if measured else None,
+        "error_pct": compose.error_pct(estimate, measured["latency_ms"]) if measured else None,
+        "plain_session_ms": whole.median_ms,
+        "plain_session_error_pct": compose.error_pct(estimate, whole.median_ms),
+        "empty_call_ms": empties[str(threads)],
+        "brick_seconds": measuring_seconds, "variant_seconds": variant_seconds, "reuse_saved_seconds": reuse_saved,
+        "decompose_seconds": decompose_seconds,
+        "whole_model_seconds": whole.seconds, "whole_model_repeats": whole.repeats, "whole_model_stable": whole.stable,
+        # Benchmarking time at equal confidence: the whole model against the bricks this run measured
+        # (what reuse saved included in the second figure, as if nothing had been measured before).
+        "speedup": compose.time_to_confidence_speedup(whole.seconds, measuring_seconds),
+        "speedup_without_reuse": compose.time_to_confidence_speedup(whole.seconds, measuring_seconds + reuse_saved),
+    }
+    data = {
+        "schema_version": BRICKS_JSON_VERSION, "model": runtime.model.name, "summary": summary,
+        "rule": rule.describe(), "variant_rule": variant_rule.describe(), "main_variant": main_variant,
+        "empty_call_ms": empties, "by_op_type": compose.by_op_type(figures),
+        "top_bricks": [f.key for f in compose.top_bricks(figures)],
+        "bricks": brick_entries,
+    }
+    write_json(staged_dir / "bricks.json", data)
+    write_text(staged_dir / "README.md", _readme(runtime.model.name, summary, record.command))
+    (staged_dir / "optimized.onnx").unlink(missing_ok=True)  # large, and made again from the graph on demand
+    record.bricks = {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json",
+                     "measured": measured_rows}
+    return record.bricks
+
+
+def variant_name(threads: int, level: str, provider: str) -> str:
+    return f"threads={threads},opt={level},ep={provider}"
+
+
+def parse_variant(name: str) -> tuple[int, str, str]:
+    parts = dict(item.split("=", 1) for item in name.split(","))
+    return int(parts["threads"]), parts["opt"], parts["ep"]
+
+
+def _variants(threads: int, providers: list[str], wanted: bool) -> list[tuple[int, str]]:
+    """Benanza's variants: every intra-op thread count up to the CPUs this process may use (powers of
+    two and the count itself), at the as-executed level and with ONNX Runtime optimizing the brick."""
+    from sut.bricks import AS_EXECUTED, available_cpus
+
+    if not wanted:
+        return []
+    cpus = available_cpus()
+    counts = sorted({1, cpus, *(2 ** k for k in range(1, 8) if 2 ** k < cpus)} | ({threads} if threads else set()))
+    return [(t, level) for t in counts for level in (AS_EXECUTED, "enable_all")]
+
+
+def _level_name(level: Any) -> str:
+    return str(level).rsplit(".", 1)[-1].removeprefix("ORT_").lower()
+
+
+def _known_measurements(request: RunRequest, fp: str, keys: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Brick measurements already in the results database for this fingerprint (read only)."""
+    from harness.store import result_store
+
+    path = result_store.default_db_path(request.results_dir)
+    if not path.is_file():
+        return {}
+    with result_store.ResultStore(path, create=False) as store:
+        return store.brick_measurements(fp, keys)
+
+
+def _measured_latency(request: RunRequest) -> dict[str, Any] | None:
+    """The median latency (ms) of the LoadGen run that measured the model whole, when one was named."""
+    if not request.measured_run:
+        return None
+    from harness.store import result_store
+
+    with result_store.ResultStore(result_store.default_db_path(request.results_dir), create=False) as store:
+        measured = store.get_record(request.measured_run)
+    performance = measured.performance or {}
+    p50 = performance.get("p50_latency_ns")
+    if not measured.is_ok or p50 is None:
+        raise UserError(f"measured run {request.measured_run}: no latency to compare with (status {measured.status})")
+    return {"run_id": measured.run_id, "latency_ms": float(p50) / 1e6, "scenario": measured.scenario}
+
+
+def _readme(model: str, summary: dict[str, Any], command: str) -> str:
+    def ms(value: Any) -> str:
+        return f"{value:.3f} ms" if isinstance(value, (int, float)) else "-"
+
+    return (f"# Bricks of {model}\n\nCommand: `{command}`\n\n"
+            f"- nodes as executed: {summary['nodes']}, unique bricks: {summary['unique_bricks']} "
+            f"({summary['reused_bricks']} reused from the results database)\n"
+            f"- composed estimate: {ms(summary['estimate_ms'])}; lower bound: {ms(summary['lower_bound_ms'])}; "
+            f"measured (LoadGen p50): {ms(summary['measured_ms'])}\n\n"
+            "Every brick, its multiplicity, median, confidence interval and variants: `bricks.json`.\n")

@@ -1,0 +1,323 @@
+"""Bricks (DLBricks, Benanza): a model decomposed into the kernels ONNX Runtime actually executes.
+
+The graph is optimized by ONNX Runtime at the session's level (so a brick is a fused kernel such as
+Conv+BatchNorm+Relu, or a layout-transformed NCHWc Conv, not a source node), then run once with every
+intermediate tensor exposed to learn each node's concrete input shapes and values. Each node becomes
+a runnable single-node model: its weights are its own initializers, its inputs the tensors it saw
+in the model (deterministic: the model was fed the dataset's first samples). Nodes that are the same
+kernel on the same shapes share one brick key (op type, domain, attributes, input and weight shapes
+and dtypes; never weight values), so a brick is benchmarked once within a model and across models.
+
+Timing (`measure`): warm-up, then repeat until the 95% confidence interval of the median is within
+±`tolerance` of it, or the time cap; the cost of an empty session call is measured the same way so
+the composition can subtract it (harness.bricks.compose)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from harness.errors import UserError
+
+# Levels by name, as ONNX Runtime's GraphOptimizationLevel enum and run.json say them.
+OPT_LEVELS = ("disable_all", "enable_basic", "enable_extended", "enable_all")
+# The level a brick runs at as executed: the node is already what the model's optimizer made of it.
+AS_EXECUTED = "disable_all"
+_SUBGRAPH_ATTRIBUTE_TYPES = (5, 10)  # AttributeProto.GRAPH, GRAPHS: control flow (If, Loop, Scan)
+
+
+def ort_level(name: str) -> Any:
+    import onnxruntime as ort
+
+    return getattr(ort.GraphOptimizationLevel, f"ORT_{name.upper()}")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: tuple[int, ...]
+    weight: bool = False  # an initializer of the model (its values are not part of the key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "weight": self.weight}
+
+
+@dataclass
+class Brick:
+    """One unique kernel-on-shapes of a model: its key, what it is, and how to run it."""
+    key: str
+    op_type: str
+    domain: str
+    attributes: dict[str, Any]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    nodes: list[str] = field(default_factory=list)  # the model's node names that are this brick
+    model_bytes: bytes = b""  # the single-node model (the first node's weights)
+    feed: dict[str, np.ndarray] = field(default_factory=dict)  # its non-weight inputs, as seen in the model
+
+    @property
+    def multiplicity(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def label(self) -> str:
+        """Short text for tables: op and the first input's shape."""
+        first = next((t for t in self.inputs if not t.weight), self.inputs[0] if self.inputs else None)
+        shape = "x".join(str(d) for d in first.shape) if first is not None else "-"
+        op = self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain.rsplit('.', 1)[-1]}.{self.op_type}"
+        return f"{op} {shape}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"key": self.key, "op_type": self.op_type, "domain": self.domain, "label": self.label,
+                "attributes": self.attributes, "inputs": [t.describe() for t in self.inputs],
+                "outputs": [t.describe() for t in self.outputs], "multiplicity": self.multiplicity,
+                "nodes": list(self.nodes)}
+
+
+@dataclass
+class Decomposition:
+    """A model's executed graph as bricks, in execution order of their first node."""
+    bricks: list[Brick]
+    node_count: int
+    optimization_level: str
+    intermediates: dict[str, np.ndarray] = field(default_factory=dict)  # every tensor of the capture run
+
+    @property
+    def by_key(self) -> dict[str, Brick]:
+        return {brick.key: brick for brick in self.bricks}
+
+
+# -- decomposition ------------------------------------------------------------------------------------
+
+def optimized_graph(graph_path: Path, session_options: Any, providers: Sequence[str], out_path: Path) -> Any:
+    """ONNX Runtime's optimized graph of `graph_path` at the options' level, as an onnx ModelProto
+    (graph inputs no node reads, left by constant folding, are dropped)."""
+    import onnx
+    import onnxruntime as ort
+
+    session_options.optimized_model_filepath = str(out_path)
+    ort.InferenceSession(str(graph_path), session_options, providers=list(providers))
+    model = onnx.load(str(out_path))
+    used = {name for node in model.graph.node for name in node.input}
+    kept = [value for value in model.graph.input if value.name in used]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    return model
+
+
+def _attribute_value(attribute: Any) -> Any:
+    """An attribute as canonical JSON-able data; a tensor attribute by its dtype and shape only."""
+    from onnx import helper, numpy_helper
+
+    if attribute.type == 4:  # TENSOR: a weight inside the node
+        array = numpy_helper.to_array(attribute.t)
+        return {"tensor": {"dtype": str(array.dtype), "shape": list(array.shape)}}
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (list, tuple)):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def brick_key(op_type: str, domain: str, attributes: dict[str, Any], inputs: Iterable[TensorInfo]) -> str:
+    """The canonical key: op type and domain, attributes, each input's role, dtype and shape (not names,
+    not weight values)."""
+    canonical = {"op": op_type, "domain": domain or "", "attributes": attributes,
+                 "inputs": [[t.weight, t.dtype, list(t.shape)] for t in inputs]}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _refuse_control_flow(model: Any, where: str) -> None:
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if attribute.type in _SUBGRAPH_ATTRIBUTE_TYPES:
+                raise UserError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): control flow "
+                                f"(subgraph attribute {attribute.name!r}) cannot be a brick; bricks are single "
+                                f"kernels on fixed shapes")
+
+
+def capture(model: Any, feeds: dict[str, np.ndarray], session_options: Any, providers: Sequence[str]) -> dict[str, np.ndarray]:
+    """Every tensor of one run of `model` (a ModelProto) on `feeds`: the graph's inputs, initializers'
+    consumers' inputs and every node output, by name."""
+    import onnx
+    import onnxruntime as ort
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    names = [name for node in model.graph.node for name in node.output if name]
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names)
+    session_options.graph_optimization_level = ort_level(AS_EXECUTED)
+    session = ort.InferenceSession(exposed.SerializeToString(), session_options, providers=list(providers))
+    wanted = {i.name for i in session.get_inputs()}
+    values = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    values.update(feeds)
+    return values
+
+
+def decompose(model: Any, feeds: dict[str, np.ndarray], check_feeds: dict[str, np.ndarray] | None,
+              session_options: Callable[[], Any], providers: Sequence[str], level: str, where: str) -> Decomposition:
+    """The bricks of an optimized `model` (optimized_graph). `feeds` fix every shape; `check_feeds`
+    (other samples at the same shapes) find nodes whose output shape depends on the data, which cannot
+    be bricks. A refusal is one line naming the node."""
+    from onnx import helper
+
+    _refuse_control_flow(model, where)
+    values = capture(model, feeds, session_options(), providers)
+    if check_feeds is not None:
+        other = capture(model, check_feeds, session_options(), providers)
+        for node in model.graph.node:
+            for name in node.output:
+                if name and name in values and name in other and values[name].shape != other[name].shape:
+                    raise UserError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): output {name!r} "
+                                    f"has shape {values[name].shape} for one batch and {other[name].shape} for another; "
+                                    f"a brick needs shapes that do not depend on the data")
+    initializers = {init.name: init for init in model.graph.initializer}
+    bricks: dict[str, Brick] = {}
+    for position, node in enumerate(model.graph.node):
+        node_name = node.name or f"{node.op_type}_{position}"
+        infos = []
+        for name in node.input:
+            if not name:
+                continue
+            if name in initializers:
+                init = initializers[name]
+                dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
+                infos.append(TensorInfo(name, np.dtype(dtype).name, tuple(int(d) for d in init.dims), weight=True))
+            elif name in values:
+                array = values[name]
+                infos.append(TensorInfo(name, array.dtype.name, tuple(array.shape)))
+            else:
+                raise UserError(f"{where}: node {node_name!r} ({node.op_type}): input {name!r} has no known shape "
+                                f"(it is neither a graph input, a weight nor another node's output)")
+        outputs = []
+        for name in node.output:
+            if not name:
+                continue
+            if name not in values:
+                raise UserError(f"{where}: node {node_name!r} ({node.op_type}): output {name!r} has no known shape")
+            outputs.append(TensorInfo(name, values[name].dtype.name, tuple(values[name].shape)))
+        attributes = {a.name: _attribute_value(a) for a in sorted(node.attribute, key=lambda a: a.name)}
+        key = brick_key(node.op_type, node.domain, attributes, infos)
+        if key in bricks:
+            bricks[key].nodes.append(node_name)
+            continue
+        graph = helper.make_graph(
+            [node], f"brick_{key}",
+            [helper.make_tensor_value_info(t.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape)
+             for t in infos if not t.weight],
+            [helper.make_tensor_value_info(t.name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape)
+             for t in outputs],
+            initializer=[initializers[t.name] for t in infos if t.weight])
+        single = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+        bricks[key] = Brick(key=key, op_type=node.op_type, domain=node.domain, attributes=attributes, inputs=infos,
+                            outputs=outputs, nodes=[node_name], model_bytes=single.SerializeToString(),
+                            feed={t.name: values[t.name] for t in infos if not t.weight})
+    return Decomposition(list(bricks.values()), len(model.graph.node), level, values)
+
+
+# -- timing -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConfidenceRule:
+    """Repeat until the 95% CI of the median is within ±tolerance of it (at least min_repeats), or cap."""
+    tolerance: float = 0.02
+    min_repeats: int = 10
+    warmup_repeats: int = 3
+    time_cap: float = 2.0  # seconds of timed calls per measurement
+
+    def describe(self) -> dict[str, Any]:
+        return {"confidence": 0.95, "tolerance": self.tolerance, "min_repeats": self.min_repeats,
+                "warmup_repeats": self.warmup_repeats, "time_cap_seconds": self.time_cap}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    median_ms: float
+    ci_low_ms: float
+    ci_high_ms: float
+    repeats: int
+    stable: bool  # the CI met the tolerance before the cap
+    seconds: float  # wall time spent, warm-up and set-up included
+
+    def describe(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms, "ci_low_ms": self.ci_low_ms, "ci_high_ms": self.ci_high_ms,
+                "repeats": self.repeats, "stable": self.stable, "seconds": self.seconds}
+
+
+def median_ci(sorted_values: Sequence[float], z: float = 1.959964) -> tuple[float, float, float]:
+    """(median, low, high): the distribution-free confidence interval of the median by order statistics
+    (normal approximation of the binomial ranks; the whole range below 6 values)."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("no values")
+    median = float(np.median(sorted_values))
+    half = z * math.sqrt(n) / 2
+    low_rank = max(int(math.floor(n / 2 - half)), 1)  # 1-based ranks
+    high_rank = min(int(math.ceil(n / 2 + 1 + half)), n)
+    return median, float(sorted_values[low_rank - 1]), float(sorted_values[high_rank - 1])
+
+
+def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float = 0.0) -> Measurement:
+    """Time `call` until the rule is met (see ConfidenceRule); milliseconds."""
+    started = time.perf_counter()
+    for _ in range(rule.warmup_repeats):
+        call()
+    times: list[float] = []
+    check_at = rule.min_repeats
+    timed = 0.0
+    clock = time.perf_counter_ns
+    while True:
+        before = clock()
+        call()
+        elapsed = clock() - before
+        times.append(elapsed / 1e6)
+        timed += elapsed / 1e9
+        if len(times) >= check_at or timed >= rule.time_cap:
+            ordered = sorted(times)
+            median, low, high = median_ci(ordered)
+            stable = median > 0 and low >= median * (1 - rule.tolerance) and high <= median * (1 + rule.tolerance)
+            if (stable and len(times) >= rule.min_repeats) or timed >= rule.time_cap:
+                return Measurement(median, low, high, len(times), bool(stable),
+                                   time.perf_counter() - started + setup_seconds)
+            check_at = len(times) + max(rule.min_repeats, len(times) // 10)
+
+
+def session_call(session: Any, feed: dict[str, np.ndarray]) -> Callable[[], Any]:
+    """One run of `session` on `feed` with the inputs already ORT values (no conversion in the timed call)."""
+    import onnxruntime as ort
+
+    values = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)) for name, array in feed.items()}
+    outputs = [o.name for o in session.get_outputs()]
+    run = session.run_with_ort_values
+    return lambda: run(outputs, values)
+
+
+def empty_session_model(opset: Any, ir_version: int) -> bytes:
+    """A model that does nothing (Identity of one float): what a session call costs by itself."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "empty",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=opset, ir_version=ir_version).SerializeToString()
+
+
+def new_session(model: bytes | str, session_options: Any, providers: Sequence[str]) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model, session_options, providers=list(providers))
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
