@@ -50,7 +50,7 @@ def run_suite(models: Sequence[str], base: RunRequest, measure: bool = True, say
             outcome.measured.append(measured)
             measured_id = measured.run_id
             p50 = (measured.performance or {}).get("p50_latency_ns")
-            say(f"{model}: measured whole by LoadGen {measured.scenario}: p50 "
+            say(f"{measured.model_name}: measured whole by LoadGen {measured.scenario}: p50 "
                 f"{p50 / 1e6:.3f} ms (run {measured.run_id})" if p50 else f"{model}: measured (run {measured.run_id})")
         record = run_request(replace(base, model=model, kind="bricks", measured_run=measured_id))
         outcome.bricks.append(record)
