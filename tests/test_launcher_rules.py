@@ -1,0 +1,631 @@
+"""The launcher's rules, called in-process on real folders, files, processes and signals (issue 20,
+mutation: launcher): how an exit status is told, which results folders are refused, when a staging
+folder counts as abandoned and how it becomes a failed run, where a record is stored, the outcome
+envelope and its schema, what the parent makes of a child that left no envelope, the child's
+guard (one finalizer, watches, aborts), and how run_request turns an outcome into a record or an
+error. The real child processes, signals and timeouts are tests/test_faults.py's."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.errors import RunFailed, RunInterrupted, UserError
+from harness.records.results import ScenarioDir
+from harness.records.run_record import RunRecord, new_run_id
+from harness.running import launcher
+from harness.running.launcher import (
+    OUTCOME_SCHEMA_VERSION,
+    STAGING_PREFIX,
+    LocalLauncher,
+    Outcome,
+    RunGuard,
+    check_results_dir,
+    clean_stale_staging,
+    describe_exit,
+    finalize_abandoned,
+    record_results_dir,
+    run_request,
+    store_record,
+)
+from harness.running.request import RunRequest
+from harness.store import result_store
+from harness.store.result_store import ResultStore
+
+
+def record(run_id: str | None = None, **changes: object) -> RunRecord:
+    """A run's preliminary record, as the runner writes it when the run starts."""
+    made = RunRecord(run_id=run_id or new_run_id(), command="mlharness run null", model={"name": "null"},
+                     dataset={"name": "null-samples"}, backend="null", scenario="Offline", mode="performance")
+    for key, value in changes.items():
+        setattr(made, key, value)
+    return made
+
+
+def staging_of(results: Path, rec: RunRecord, *, owner: dict | None = None, run_json: bool = True) -> Path:
+    """results/<system>/<model>/<Scenario>/.staging-<id>, holding the preliminary run.json."""
+    staging = results / "sys" / "null" / "Offline" / f"{STAGING_PREFIX}{rec.run_id}"
+    staging.mkdir(parents=True)
+    rec.results_path = str(staging)
+    if run_json:
+        (staging / "run.json").write_text(json.dumps(rec.to_dict()))
+    (staging / "mlperf_log_detail.txt").write_text("kept\n")
+    if owner is not None:
+        (staging / "owner.json").write_text(json.dumps(owner))
+    return staging
+
+
+def my_owner() -> dict:
+    return {"pid": os.getpid(), "create_time": psutil.Process().create_time()}
+
+
+# ---- exit statuses ------------------------------------------------------------------------------
+
+def test_describe_exit() -> None:
+    assert describe_exit(0) == "exited with status 0"
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "was killed by SIGSEGV"
+    assert describe_exit(-200) == "was killed by signal 200"
+
+
+# ---- the results folder ---------------------------------------------------------------------------
+
+def test_results_dir_checks(tmp_path: Path) -> None:
+    check_results_dir(tmp_path)  # an existing writable folder
+    check_results_dir(tmp_path / "new" / "deeper")  # created later, by the run
+    assert not (tmp_path / "new").exists(), "nothing is created by the check"
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(UserError) as raised:
+        check_results_dir(afile)
+    assert str(raised.value) == f"--results-dir {afile}: exists and is not a directory"
+    with pytest.raises(UserError) as raised:
+        check_results_dir(afile / "sub" / "results")
+    assert str(raised.value) == f"--results-dir {afile / 'sub' / 'results'}: {afile} is not a directory"
+    relative = Path("rel") / "results"  # the test runs in tmp_path: resolved against it
+    check_results_dir(relative)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: a folder cannot be made unwritable here")
+def test_unwritable_results_dirs(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(UserError) as raised:
+            check_results_dir(locked)
+        assert str(raised.value) == f"--results-dir {locked}: not writable"
+        with pytest.raises(UserError) as raised:
+            check_results_dir(locked / "a" / "b")
+        assert str(raised.value) == f"--results-dir {locked / 'a' / 'b'}: cannot be created ({locked} is not writable)"
+    finally:
+        locked.chmod(0o700)
+
+
+# ---- abandoned staging folders ------------------------------------------------------------------
+
+def test_an_owner_is_alive_only_as_the_same_living_process(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path, rec, owner=my_owner())
+    assert launcher._owner_alive(staging)
+    (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] - 5}))
+    assert not launcher._owner_alive(staging), "a reused pid is another process"
+    (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] + 0.5}))
+    assert launcher._owner_alive(staging), "create times within a second are the same process"
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    (staging / "owner.json").write_text(json.dumps({"pid": ended.pid, "create_time": 0}))
+    assert not launcher._owner_alive(staging)
+
+
+def test_a_zombie_owner_is_gone(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 20
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        staging = staging_of(tmp_path, record(),
+                             owner={"pid": child.pid, "create_time": psutil.Process(child.pid).create_time()})
+        assert not launcher._owner_alive(staging)
+    finally:
+        child.wait()
+
+
+@pytest.mark.parametrize("owner", ["missing", "not json", "no pid", "bad pid"])
+def test_without_a_readable_owner_only_an_hour_old_folder_is_abandoned(tmp_path: Path, owner: str) -> None:
+    staging = staging_of(tmp_path, record())
+    text = {"missing": None, "not json": "{", "no pid": json.dumps({"create_time": 1.0}),
+            "bad pid": json.dumps({"pid": "x", "create_time": 1.0})}[owner]
+    if text is not None:
+        (staging / "owner.json").write_text(text)
+    assert launcher._owner_alive(staging)
+    hour_ago = time.time() - 3601
+    os.utime(staging, (hour_ago, hour_ago))
+    assert not launcher._owner_alive(staging)
+    os.utime(staging, (hour_ago + 120, hour_ago + 120))
+    assert launcher._owner_alive(staging)
+    assert not launcher._owner_alive(tmp_path / "no-such-staging")
+
+
+def test_finalize_abandoned_makes_a_failed_run_of_the_preliminary_record(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path, rec, owner={"pid": 1, "create_time": 0})
+    failed = finalize_abandoned(staging, "the reason")
+    target = staging.with_name(f"failed-{rec.run_id}")
+    assert failed is not None and not staging.exists()
+    assert sorted(p.name for p in target.iterdir()) == ["mlperf_log_detail.txt", "run.json"]
+    written = json.loads((target / "run.json").read_text())
+    assert written == failed.to_dict()
+    assert (written["run_id"], written["status"], written["error"], written["results_path"]) == (
+        rec.run_id, "failed", "the reason", str(target))
+    assert written["finished_at"] and written["started_at"] == rec.started_at
+    assert finalize_abandoned(staging, "again") is None, "already finalized (by another process)"
+
+
+def test_finalize_abandoned_without_a_readable_record_keeps_the_reason(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path, rec, run_json=False)
+    assert finalize_abandoned(staging, "it died") is None
+    target = staging.with_name(f"failed-{rec.run_id}")
+    assert (target / "ERROR.txt").read_text() == "it died\n"
+    assert not (target / "run.json").exists()
+    rec2 = record()
+    staging2 = staging_of(tmp_path, rec2)
+    (staging2 / "run.json").write_text("{ damaged")
+    assert finalize_abandoned(staging2, "damaged") is None
+    assert (staging2.with_name(f"failed-{rec2.run_id}") / "ERROR.txt").read_text() == "damaged\n"
+    rec3 = record()
+    staging3 = staging_of(tmp_path, rec3)
+    (staging3 / "run.json").write_text(json.dumps(["not", "a", "record"]))  # was an AttributeError
+    assert finalize_abandoned(staging3, "a list") is None
+    assert (staging3.with_name(f"failed-{rec3.run_id}") / "ERROR.txt").read_text() == "a list\n"
+    rec4 = record()
+    staging4 = staging_of(tmp_path, rec4)
+    (staging4 / "run.json").write_text("{}")
+    assert finalize_abandoned(staging4, "no fields") is None
+
+
+def test_clean_stale_staging_closes_only_the_runs_whose_process_is_gone(tmp_path: Path) -> None:
+    dead, alive, old = record(), record(), record()
+    gone = staging_of(tmp_path, dead, owner={"pid": 1, "create_time": 0})  # pid 1 is not the owner that started
+    live = staging_of(tmp_path, alive, owner=my_owner())
+    no_owner = staging_of(tmp_path, old)
+    hour_ago = time.time() - 7200
+    os.utime(no_owner, (hour_ago, hour_ago))
+    stray = tmp_path / "sys" / "null" / "Offline" / f"{STAGING_PREFIX}a-file"
+    stray.write_text("not a folder")
+    os.utime(stray, (hour_ago, hour_ago))  # as old as an abandoned folder: still not one
+    shallow = tmp_path / "sys" / f"{STAGING_PREFIX}too-shallow"
+    shallow.mkdir()
+    stored: list[RunRecord] = []
+    cleaned = clean_stale_staging(tmp_path, stored.append)
+    assert cleaned == sorted([gone, no_owner])
+    assert sorted(r.run_id for r in stored) == sorted([dead.run_id, old.run_id])
+    assert all(r.status == "failed" and r.error.startswith("abandoned: the run's process ended") for r in stored)
+    assert live.is_dir() and stray.is_file() and shallow.is_dir()
+    assert (gone.with_name(f"failed-{dead.run_id}") / "run.json").is_file()
+
+
+def test_a_stale_folder_without_a_record_is_cleaned_but_not_stored(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path, rec, owner={"pid": 1, "create_time": 0}, run_json=False)
+    stored: list[RunRecord] = []
+    assert clean_stale_staging(tmp_path, stored.append) == [staging]
+    assert stored == []
+
+
+# ---- storing records ----------------------------------------------------------------------------
+
+def test_record_results_dir_from_the_runs_folder_or_a_failed_one(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    assert record_results_dir(record(results_path=str(results / "sys" / "m" / "Offline" / "runs" / "id1"))) == results
+    assert record_results_dir(record(results_path=str(results / "sys" / "m" / "Offline" / "failed-id1"))) == results
+    assert record_results_dir(record(results_path=str(results / "sys" / "m" / "Offline" / ".staging-id1"))) == results
+
+
+def test_store_record_into_a_given_database_or_the_results_dirs(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    rec = record(status="failed", error="x", results_path=str(results / "sys" / "null" / "Offline" / "failed-a"))
+    store_record(rec)
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        assert store.get_record(rec.run_id).error == "x"
+    other = tmp_path / "elsewhere" / "db.sqlite"
+    rec2 = record(results_path=rec.results_path)
+    store_record(rec2, other)
+    with ResultStore(other, create=False) as store:
+        assert [r["run_id"] for r in store.list_runs()] == [rec2.run_id]
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        assert rec2.run_id not in [r["run_id"] for r in store.list_runs()]
+
+
+@pytest.mark.parametrize("damage", ["not a database", "a folder", "other tables"])
+def test_a_database_that_cannot_take_the_record_is_one_line_naming_the_run_folder(tmp_path: Path, damage: str) -> None:
+    db = tmp_path / "db.sqlite"
+    if damage == "a folder":
+        db.mkdir()
+    elif damage == "other tables":  # the current schema version, but not its tables: SQLite refuses the insert
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE runs (something TEXT)")
+            conn.execute(f"PRAGMA user_version = {result_store.SCHEMA_VERSION}")
+        conn.close()
+    else:
+        db.write_bytes(b"this is not SQLite" * 100)
+    rec = record(results_path=str(tmp_path / "results" / "sys" / "null" / "Offline" / "failed-a"))
+    with pytest.raises(UserError) as raised:
+        store_record(rec, db)
+    text = str(raised.value)
+    assert "\n" not in text
+    assert text.startswith(f"the run's results are in {rec.results_path}, but storing its record failed: ")
+
+
+def test_the_launcher_stores_only_when_asked(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    rec = record(results_path=str(tmp_path / "results" / "s" / "m" / "Offline" / "failed-x"))
+    LocalLauncher(store=False, db_path=db)._store(rec)
+    assert not db.exists()
+    LocalLauncher(db_path=db)._store(rec)
+    with ResultStore(db, create=False) as store:
+        assert [r["run_id"] for r in store.list_runs()] == [rec.run_id]
+    assert LocalLauncher().grace == launcher.GRACE_SECONDS and LocalLauncher().store is True
+    assert LocalLauncher().db_path is None and LocalLauncher().output is None
+
+
+# ---- the outcome envelope -----------------------------------------------------------------------
+
+def test_outcome_round_trips_through_json() -> None:
+    rec = record(status="ok")
+    outcome = Outcome(kind="result", record=rec, error=None, traceback_path="/tmp/tb.txt", exit_status=3)
+    data = json.loads(json.dumps(outcome.to_dict()))
+    assert data == {"schema_version": OUTCOME_SCHEMA_VERSION, "kind": "result", "record": rec.to_dict(),
+                    "error": None, "traceback_path": "/tmp/tb.txt", "exit_status": 3}
+    assert Outcome.from_dict(data, "x") == outcome
+    bare = Outcome(kind="error", error="boom")
+    assert bare.to_dict()["record"] is None and bare.exit_status == 0
+    assert Outcome.from_dict({"schema_version": 1, "kind": "error", "error": "boom"}, "x") == bare
+
+
+@pytest.mark.parametrize("version", [OUTCOME_SCHEMA_VERSION + 1, None, "1"])
+def test_an_outcome_of_another_schema_is_refused_in_one_line(version: object) -> None:
+    with pytest.raises(UserError) as raised:
+        Outcome.from_dict({"schema_version": version, "kind": "result"}, "/w/outcome.json")
+    assert str(raised.value) == (f"/w/outcome.json: outcome schema_version {version!r} is newer than this mlharness "
+                                 f"reads ({OUTCOME_SCHEMA_VERSION}); upgrade mlharness")
+
+
+# ---- the parent: a child that left no envelope -------------------------------------------------
+
+def request(tmp_path: Path, timeout: float = 30) -> RunRequest:
+    return RunRequest(model="null", scenario="Offline", results_dir=tmp_path / "results", timeout=timeout)
+
+
+def started(workdir: Path, staging: Path | None, run_id: str, seconds_ago: float) -> None:
+    workdir.mkdir(exist_ok=True)
+    (workdir / "started.json").write_text(json.dumps({"staging": str(staging), "run_id": run_id,
+                                                      "monotonic": time.monotonic() - seconds_ago}))
+
+
+def test_the_childs_own_outcome_is_taken_as_it_is(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    written = Outcome(kind="error", error="its own word", exit_status=7)
+    (workdir / "outcome.json").write_text(json.dumps(written.to_dict()))
+    assert LocalLauncher()._outcome(workdir, -signal.SIGKILL, signal.SIGINT, request(tmp_path)) == written
+
+
+def test_a_child_that_exited_without_an_outcome_is_a_failed_run(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path / "results", rec, owner=my_owner())
+    workdir = tmp_path / "w"
+    started(workdir, staging, rec.run_id, 1)
+    outcome = LocalLauncher()._outcome(workdir, 3, None, request(tmp_path))
+    target = staging.with_name(f"failed-{rec.run_id}")
+    why = "the run's process exited with status 3 before finishing the run"
+    assert outcome.kind == "error" and outcome.exit_status == 1
+    assert outcome.error == f"run failed: {why} (logs kept in {target})"
+    assert outcome.record is not None and outcome.record.error == why and outcome.record.results_path == str(target)
+    assert json.loads((target / "run.json").read_text())["error"] == why
+
+
+def test_a_child_killed_by_a_signal_without_a_started_run(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    outcome = LocalLauncher()._outcome(workdir, -signal.SIGSEGV, None, request(tmp_path))
+    assert outcome == Outcome(kind="error", error="run failed: the run's process was killed by SIGSEGV before "
+                                                  "finishing the run", exit_status=1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_child_is_interrupted_with_128_plus_the_signal(tmp_path: Path, sig: int) -> None:
+    rec = record()
+    staging = staging_of(tmp_path / "results", rec, owner=my_owner())
+    workdir = tmp_path / "w"
+    started(workdir, staging, rec.run_id, 1)
+    outcome = LocalLauncher()._outcome(workdir, -signal.SIGKILL, sig, request(tmp_path))
+    name = signal.Signals(sig).name
+    assert outcome.exit_status == 128 + sig
+    assert outcome.error.startswith(f"run failed: interrupted by {name} (logs kept in ")
+    assert outcome.record.error == f"interrupted by {name}"
+
+
+def test_a_killed_child_past_its_timeout_timed_out(tmp_path: Path) -> None:
+    rec = record()
+    staging = staging_of(tmp_path / "results", rec, owner=my_owner())
+    workdir = tmp_path / "w"
+    started(workdir, staging, rec.run_id, 100)
+    outcome = LocalLauncher()._outcome(workdir, -signal.SIGKILL, None, request(tmp_path, timeout=2.5))
+    assert outcome.exit_status == 1
+    assert outcome.error.startswith("run failed: timed out after 2.5 s (logs kept in ")
+    # Killed before its timeout (by someone else): not a timeout.
+    rec2 = record()
+    staging2 = staging_of(tmp_path / "results2", rec2, owner=my_owner())
+    started(workdir, staging2, rec2.run_id, 1)
+    outcome = LocalLauncher()._outcome(workdir, -signal.SIGKILL, None, request(tmp_path, timeout=30))
+    assert outcome.error.startswith("run failed: the run's process was killed by SIGKILL before finishing the run")
+    # Killed, a timeout reached, but the exit was not a SIGKILL: told as it was.
+    rec3 = record()
+    staging3 = staging_of(tmp_path / "results3", rec3, owner=my_owner())
+    started(workdir, staging3, rec3.run_id, 100)
+    outcome = LocalLauncher()._outcome(workdir, -signal.SIGTERM, None, request(tmp_path, timeout=2.5))
+    assert outcome.error.startswith("run failed: the run's process was killed by SIGTERM")
+
+
+def test_timed_out_reads_the_childs_start(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    assert launcher._timed_out(workdir, request(tmp_path, 5)), "never started: the whole time went by"
+    (workdir / "started.json").write_text("{")
+    assert launcher._timed_out(workdir, request(tmp_path, 5))
+    (workdir / "started.json").write_text(json.dumps({"staging": "x"}))
+    assert launcher._timed_out(workdir, request(tmp_path, 5))
+    started(workdir, None, "id", 4)
+    assert not launcher._timed_out(workdir, request(tmp_path, 5))
+    started(workdir, None, "id", 5.5)
+    assert launcher._timed_out(workdir, request(tmp_path, 5))
+
+
+def test_started_staging(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    assert launcher._started_staging(workdir) is None
+    (workdir / "started.json").write_text("not json")
+    assert launcher._started_staging(workdir) is None
+    (workdir / "started.json").write_text(json.dumps({"run_id": "x"}))
+    assert launcher._started_staging(workdir) is None
+    started(workdir, tmp_path / "s", "x", 0)
+    assert launcher._started_staging(workdir) == tmp_path / "s"
+    # The folder it names is gone (finalized elsewhere): no record, no "logs kept".
+    outcome = LocalLauncher()._outcome(workdir, 1, None, request(tmp_path))
+    assert outcome.record is None and outcome.error.endswith("before finishing the run")
+
+
+# ---- signals in the parent -----------------------------------------------------------------------
+
+def test_stop_signals_are_caught_once_and_restored(tmp_path: Path) -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop: list[int] = []
+    restore = launcher._catch_stop_signals(stop)
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with pytest.raises(launcher._StopRequested):
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises in this thread before this ends
+        assert stop == [signal.SIGTERM], "the first signal is the one that asked to stop"
+    finally:
+        restore()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_stop_signals_outside_the_main_thread_are_left_alone() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(launcher._catch_stop_signals([])))
+    thread.start()
+    thread.join()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    got[0]()  # the undo does nothing
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_signal_group_reaches_the_whole_group_and_ignores_an_ended_one() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while len(psutil.Process(child.pid).children()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (grandchild,) = psutil.Process(child.pid).children()
+        launcher._signal_group(child, signal.SIGKILL)
+        assert child.wait(20) == -signal.SIGKILL
+        grandchild.wait(20)
+        assert not grandchild.is_running()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    launcher._signal_group(child, signal.SIGKILL)  # ended and reaped: nothing happens
+
+
+# ---- the child's guard --------------------------------------------------------------------------
+
+class FailRecorder:
+    """The SystemUnderTest's fail_staging only (what the guard calls)."""
+
+    def __init__(self) -> None:
+        self.failed: list[BaseException] = []
+
+    def fail_staging(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+
+
+def test_only_one_caller_finalizes() -> None:
+    guard = RunGuard(None)
+    assert guard.finalizing() is True
+    assert guard.finalizing() is False
+    assert guard.finalizing() is False
+
+
+def test_started_writes_the_preliminary_record_the_owner_and_the_start(tmp_path: Path) -> None:
+    rec = record()
+    where = ScenarioDir(tmp_path / "results" / "sys" / "null" / "Offline", rec.run_id)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    guard = RunGuard(workdir)
+    before = time.monotonic()
+    guard.started(rec, where)
+    assert guard.record is rec and guard.where is where
+    assert json.loads((where.staging / "run.json").read_text()) == rec.to_dict()
+    assert json.loads((where.staging / "owner.json").read_text()) == my_owner()
+    start = json.loads((workdir / "started.json").read_text())
+    assert (start["staging"], start["run_id"]) == (str(where.staging), rec.run_id)
+    assert before <= start["monotonic"] <= time.monotonic()
+    assert launcher._owner_alive(where.staging), "a running run's folder is not abandoned"
+    RunGuard(None).started(record(), ScenarioDir(tmp_path / "r2", "id2"))  # no workdir: no started.json
+    assert (tmp_path / "r2" / ".staging-id2" / "run.json").is_file()
+
+
+def test_an_abort_fails_the_sut_once_and_a_later_sut_too(tmp_path: Path) -> None:
+    guard = RunGuard(None)
+    sut = FailRecorder()
+    guard.attach_sut(sut)
+    assert sut.failed == []
+    assert guard.finalizing()  # the main thread is writing the outcome: abort must not exit
+    guard.abort("interrupted by SIGINT", 130)
+    assert isinstance(guard.aborted, RunInterrupted)
+    assert (str(guard.aborted), guard.aborted.exit_status) == ("interrupted by SIGINT", 130)
+    assert sut.failed == [guard.aborted]
+    guard.abort("a second reason", 1)
+    assert str(guard.aborted) == "interrupted by SIGINT" and sut.failed == [guard.aborted]
+    later = FailRecorder()
+    guard.attach_sut(later)
+    assert later.failed == [guard.aborted]
+
+
+def test_a_watch_aborts_when_user_code_overruns_and_not_when_it_ends(tmp_path: Path) -> None:
+    guard = RunGuard(None)
+    assert guard.finalizing()
+    done = guard.watch(30, "LoadQuerySamples (load and preprocess of 4 samples)")
+    done()
+    assert guard.aborted is None
+    assert guard.watch(0, "anything")() is None and guard.watch(None, "anything")() is None
+    sut = FailRecorder()
+    guard.attach_sut(sut)
+    guard.watch(0.05, "LoadQuerySamples (load and preprocess of 4 samples)")
+    deadline = time.monotonic() + 20
+    while not sut.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert str(guard.aborted) == ("LoadQuerySamples (load and preprocess of 4 samples) did not finish within 0.05 s "
+                                  "(raise the harness key load_timeout if that is expected)")
+    assert guard.aborted.exit_status == 1 and sut.failed == [guard.aborted]
+    assert all(t.daemon for t in threading.enumerate() if isinstance(t, threading.Timer))
+
+
+def test_failing_from_outside_finalizes_the_run_and_stores_it_when_the_parent_is_gone(tmp_path: Path,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    results = tmp_path / "results"
+    monkeypatch.setenv("MLHARNESS_DB", str(tmp_path / "db.sqlite"))
+    for parent_gone in (False, True):
+        rec = record()
+        where = ScenarioDir(results / "sys" / "null" / "Offline", rec.run_id)
+        guard = RunGuard(None)
+        guard.started(rec, where)
+        guard.parent_gone = parent_gone
+        outcome = guard._fail_from_outside("the launching process ended", 1)
+        target = where.root / f"failed-{rec.run_id}"
+        assert outcome == Outcome(kind="error", record=outcome.record, exit_status=1,
+                                  error=f"run failed: the launching process ended (logs kept in {target})")
+        assert outcome.record.status == "failed" and outcome.record.results_path == str(target)
+        stored = (tmp_path / "db.sqlite").exists() and rec.run_id in [
+            r["run_id"] for r in ResultStore(tmp_path / "db.sqlite").list_runs()]
+        assert stored is parent_gone, "only a run whose parent is gone stores itself"
+    nothing = RunGuard(None)._fail_from_outside("interrupted by SIGTERM", 143)
+    assert nothing == Outcome(kind="error", error="run failed: interrupted by SIGTERM", exit_status=143)
+
+
+# ---- errors as outcomes, outcomes as results ----------------------------------------------------
+
+def test_error_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    user = launcher._error_outcome(UserError("bad flag"))
+    assert user == Outcome(kind="error", error="bad flag", exit_status=1)
+    rec = record(status="failed")
+    failed = launcher._error_outcome(RunFailed("it failed", rec, 130))
+    assert failed == Outcome(kind="error", record=rec, error="it failed", exit_status=130)
+    kept = UserError("with a traceback")
+    kept.traceback_path = "/somewhere/tb.txt"  # type: ignore[attr-defined]
+    assert launcher._error_outcome(kept).traceback_path == "/somewhere/tb.txt"
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        bug = launcher._error_outcome(exc)
+    assert bug.kind == "error" and bug.record is None and bug.exit_status == 1
+    assert bug.error == "internal error: KeyError: 'missing'"
+    path = Path(bug.traceback_path)
+    assert path.parent == tmp_path and path.name.startswith("mlharness-traceback-")
+    text = path.read_text()
+    assert text.startswith("Traceback (most recent call last):") and "KeyError: 'missing'" in text
+
+
+class Given:
+    """A launcher that answers with a given outcome (what a remote launcher carries back)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.got: list[RunRequest] = []
+
+    def submit(self, req: RunRequest) -> Outcome:
+        self.got.append(req)
+        return self.outcome
+
+
+def test_run_request_turns_outcomes_into_records_and_errors(tmp_path: Path) -> None:
+    req = request(tmp_path)
+    ok = record(status="ok")
+    given = Given(Outcome(kind="result", record=ok))
+    assert run_request(req, given) is ok and given.got == [req]
+    assert launcher.run(req, Given(Outcome(kind="result", record=ok))) is ok
+
+    failed = record(status="failed")
+    with pytest.raises(RunFailed) as raised:
+        run_request(req, Given(Outcome(kind="error", record=failed, error="run failed: x", exit_status=130)))
+    assert (str(raised.value), raised.value.record, raised.value.exit_status) == ("run failed: x", failed, 130)
+
+    with pytest.raises(RunFailed) as raised:
+        run_request(req, Given(Outcome(kind="error", record=failed, traceback_path="/t/tb.txt", exit_status=1)))
+    assert str(raised.value) == "run failed (traceback in /t/tb.txt)" and raised.value.exit_status == 1
+
+    with pytest.raises(RunInterrupted) as interrupted:
+        run_request(req, Given(Outcome(kind="error", error="run failed: interrupted by SIGINT", exit_status=130)))
+    assert (str(interrupted.value), interrupted.value.exit_status) == ("run failed: interrupted by SIGINT", 130)
+
+    for status in (1, 128):
+        with pytest.raises(UserError) as raised:
+            run_request(req, Given(Outcome(kind="error", error="bad flag", exit_status=status)))
+        assert type(raised.value) is UserError and str(raised.value) == "bad flag"
+
+    with pytest.raises(UserError) as raised:
+        run_request(req, Given(Outcome(kind="result", record=None)))
+    assert type(raised.value) is UserError and str(raised.value) == "run failed"
+
+
+def test_each_run_kind_has_its_runner() -> None:
+    import harness.bricks.runner
+    import harness.running.runner
+
+    assert launcher.runner_for("loadgen") is harness.running.runner
+    assert launcher.runner_for("bricks") is harness.bricks.runner
+    with pytest.raises(KeyError):
+        launcher.runner_for("other")
