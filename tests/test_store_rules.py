@@ -571,3 +571,31 @@ def test_stored_json_is_canonical_and_takes_any_value(real: dict, tmp_path: Path
         assert rows["a"].replace('"a"', '"b"', 1) == rows["b"]
         assert rows["a"] == json.dumps(make(real, "a"), sort_keys=True)
         assert store.get_run("c")["artifacts"] == {"weights": "/w/model.onnx"}
+
+
+def test_a_sweeps_grid_is_stored_canonical(tmp_path: Path) -> None:
+    """The grid's stored JSON does not depend on the order its keys were written in."""
+    with db(tmp_path) as store:
+        store.start_sweep("s", "n", "grid.yaml", {"b": [2, 1], "a": {"y": 1, "x": Path("p")}}, "t")
+        store.start_sweep("r", "n", "grid.yaml", {"a": {"x": Path("p"), "y": 1}, "b": [2, 1]}, "t")
+        assert store.get_sweep("s")["grid_json"] == '{"a": {"x": "p", "y": 1}, "b": [2, 1]}'
+        assert store.get_sweep("r")["grid_json"] == store.get_sweep("s")["grid_json"]
+
+
+def test_a_writer_waits_for_another_writers_lock(real: dict, tmp_path: Path) -> None:
+    """Another process (here a second connection) holds the write lock for 6 s, longer than SQLite's
+    default 5 s wait: a run's record is still stored once the lock is released (the store waits up to
+    60 s), rather than failing with "database is locked"."""
+    path = tmp_path / "busy.sqlite"
+    ResultStore(path).close()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(6.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with ResultStore(path) as store:
+            store.add_run(make(real, "waited"))
+            assert ids(store.list_runs()) == ["waited"]
+    finally:
+        release.join()
+        holder.close()
