@@ -599,3 +599,73 @@ def test_a_writer_waits_for_another_writers_lock(real: dict, tmp_path: Path) -> 
     finally:
         release.join()
         holder.close()
+
+
+# ---- brick measurements (schema 3) ----------------------------------------------------------------
+
+def _brick(key: str, variant: str, median: object, **extra: object) -> dict:
+    return {"brick_key": key, "variant": variant, "median_ms": median, **extra}
+
+
+def _bricks_run(real: dict, run_id: str, measured: list, fingerprint: str | None = "fp-1", **changes: object) -> dict:
+    summary = {"estimate_ms": 3.5} | ({"fingerprint": fingerprint} if fingerprint else {})
+    return make(real, run_id, kind="bricks", bricks={"summary": summary, "measured": measured},
+                finished_at="2026-01-02T03:04:05+00:00", **changes)
+
+
+def test_a_bricks_runs_measurements_are_stored_for_reuse_by_fingerprint(real: dict, tmp_path: Path) -> None:
+    full = _brick("conv-a", "threads=1,opt=all,ep=cpu", 2, op_type="Conv", label="Conv 3x3",
+                  descriptor={"shape": [1, 3], "attrs": {"k": 3, "g": 1}, "path": Path("/m")}, ci_low_ms=1.5,
+                  ci_high_ms=2.5, repeats=40, stable="yes", seconds=0.75)
+    bare = _brick("relu-b", "threads=2,opt=basic,ep=cpu", "0.25")
+    with db(tmp_path) as store:
+        assert store.count_brick_measurements() == 0
+        store.add_run(_bricks_run(real, "b1", [full, bare]))
+        assert store.count_brick_measurements() == 2
+        found = store.brick_measurements("fp-1", ["conv-a", "relu-b", "conv-a", "absent"])
+        assert found == {
+            ("conv-a", "threads=1,opt=all,ep=cpu"): {
+                "brick_key": "conv-a", "fingerprint": "fp-1", "variant": "threads=1,opt=all,ep=cpu", "op_type": "Conv",
+                "label": "Conv 3x3", "descriptor_json": '{"attrs": {"g": 1, "k": 3}, "path": "/m", "shape": [1, 3]}',
+                "median_ms": 2.0, "ci_low_ms": 1.5, "ci_high_ms": 2.5, "repeats": 40, "stable": 1, "seconds": 0.75,
+                "run_id": "b1", "measured_at": "2026-01-02T03:04:05+00:00"},
+            ("relu-b", "threads=2,opt=basic,ep=cpu"): {
+                "brick_key": "relu-b", "fingerprint": "fp-1", "variant": "threads=2,opt=basic,ep=cpu", "op_type": None,
+                "label": None, "descriptor_json": "null", "median_ms": 0.25, "ci_low_ms": None, "ci_high_ms": None,
+                "repeats": None, "stable": 0, "seconds": None, "run_id": "b1",
+                "measured_at": "2026-01-02T03:04:05+00:00"},
+        }
+        assert store.brick_measurements("fp-2", ["conv-a"]) == {}
+        assert store.brick_measurements("fp-1", []) == {}
+        assert store.run_metrics("b1")["bricks.estimate_ms"] == 3.5
+        # Measured again under the same fingerprint and variant: replaced, not added.
+        store.add_run(_bricks_run(real, "b2", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 1.25)]))
+        assert store.count_brick_measurements() == 2
+        again = store.brick_measurements("fp-1", ["conv-a"])[("conv-a", "threads=1,opt=all,ep=cpu")]
+        assert (again["median_ms"], again["run_id"], again["op_type"]) == (1.25, "b2", None)
+        # Another fingerprint is another measurement.
+        store.add_run(_bricks_run(real, "b3", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 9)], fingerprint="fp-2"))
+        assert store.count_brick_measurements() == 3
+        assert store.brick_measurements("fp-2", ["conv-a"])[("conv-a", "threads=1,opt=all,ep=cpu")]["median_ms"] == 9.0
+
+
+@pytest.mark.parametrize("why", ["failed", "no fingerprint", "nothing measured", "no bricks"])
+def test_bricks_are_stored_only_from_an_ok_run_that_measured_them_under_a_fingerprint(
+        real: dict, tmp_path: Path, why: str) -> None:
+    rows = [_brick("k", "v", 1.0)]
+    record = {"failed": lambda: _bricks_run(real, "x", rows, status="failed"),
+              "no fingerprint": lambda: _bricks_run(real, "x", rows, fingerprint=None),
+              "nothing measured": lambda: _bricks_run(real, "x", []),
+              "no bricks": lambda: make(real, "x", bricks=None)}[why]()
+    with db(tmp_path) as store:
+        store.add_run(record)
+        assert store.get_run("x")["run_id"] == "x"
+        assert store.count_brick_measurements() == 0
+
+
+def test_brick_lookup_beyond_sqlites_parameter_limit(real: dict, tmp_path: Path) -> None:
+    keys = [f"k{i:04d}" for i in range(1234)]
+    with db(tmp_path) as store:
+        store.add_run(_bricks_run(real, "many", [_brick(k, "v", 1.0) for k in keys]))
+        found = store.brick_measurements("fp-1", reversed(keys + keys[:10]))
+        assert sorted(found) == [(k, "v") for k in keys]
