@@ -273,8 +273,10 @@ def median_ci(sorted_values: Sequence[float], z: float = 1.959964) -> tuple[floa
     return median, float(sorted_values[low_rank - 1]), float(sorted_values[high_rank - 1])
 
 
-def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float = 0.0) -> Measurement:
-    """Time `call` until the rule is met (see ConfidenceRule); milliseconds."""
+def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float = 0.0,
+            before_each: Callable[[], Any] | None = None) -> Measurement:
+    """Time `call` until the rule is met (see ConfidenceRule); milliseconds. `before_each` runs before
+    every call, untimed."""
     started = time.perf_counter()
     for _ in range(rule.warmup_repeats):
         call()
@@ -283,6 +285,8 @@ def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float 
     timed = 0.0
     clock = time.perf_counter_ns
     while True:
+        if before_each is not None:
+            before_each()
         before = clock()
         call()
         elapsed = clock() - before
@@ -305,6 +309,22 @@ def session_call(session: Any, feed: dict[str, np.ndarray]) -> Callable[[], Any]
     outputs = [o.name for o in session.get_outputs()]
     run = session.run
     return lambda: run(outputs, values)
+
+
+def fresh_inputs_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(call, before_each) for `measure`: before every timed call the inputs are written again (same
+    values, same memory), as the node that produces them in the model has just written them. Without
+    it a brick reads inputs every core holds cached read-only from the previous call, which on this
+    2-core machine made the composed estimate of light_resnet50 7% and of light_squeezenet 14% too low
+    with 2 threads (docs/bricks.md)."""
+    arrays = {name: np.array(array, copy=True, order="C") for name, array in feed.items()}
+    originals = {name: array.copy() for name, array in arrays.items()}
+
+    def rewrite() -> None:
+        for name, array in arrays.items():
+            np.copyto(array, originals[name])
+
+    return session_call(session, arrays), rewrite
 
 
 def empty_session_model(opset: Any, ir_version: int) -> bytes:

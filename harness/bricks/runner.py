@@ -164,8 +164,9 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     whole_started = time.perf_counter()
     whole_session = sb.new_session(str(backend.graph_path), backend.new_session_options(), providers)
     whole_setup = time.perf_counter() - whole_started
-    whole = sb.measure(sb.session_call(whole_session, feeds), sb.ConfidenceRule(time_cap=max(request.brick_time_cap * 10, 5.0)),
-                       setup_seconds=whole_setup)
+    whole_call, whole_fresh = sb.fresh_inputs_call(whole_session, feeds)
+    whole = sb.measure(whole_call, sb.ConfidenceRule(time_cap=max(request.brick_time_cap * 10, 5.0)),
+                       setup_seconds=whole_setup, before_each=whole_fresh)
     del whole_session
 
     measured_rows: list[dict[str, Any]] = []
@@ -188,8 +189,9 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             setup_started = time.perf_counter()
             session = sb.new_session(brick.model_bytes, options_for(variant_threads, opt_level), [provider])
             setup = time.perf_counter() - setup_started
-            measurement = sb.measure(sb.session_call(session, brick.feed),
-                                     rule if name == main_variant else variant_rule, setup_seconds=setup)
+            call, fresh = sb.fresh_inputs_call(session, brick.feed)
+            measurement = sb.measure(call, rule if name == main_variant else variant_rule, setup_seconds=setup,
+                                     before_each=fresh)
             if name == main_variant:
                 measuring_seconds += measurement.seconds
             else:
