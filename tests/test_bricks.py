@@ -318,6 +318,26 @@ def test_bricks_compared_with_the_loadgen_run_and_the_lower_bound(tmp_path: Path
         assert data["main_variant"] in brick["variants"] and len(brick["variants"]) >= 2
         assert brick["best_variant"] in brick["variants"]
 
+    # The report: the comparison as a chart and a table, per model and per op type.
+    out = tmp_path / "report"
+    assert run_cli("report", "--bricks", "--out", out, "--db", results / "mlharness.sqlite") == 0
+    page = (out / "index.html").read_text()
+    assert "<h2>Bricks</h2>" in page and f"<td>{data['summary']['unique_bricks']}</td>" in page
+    assert "<td>tiny-onnx</td>" in page and run_dir.name in page
+    for name in ("bricks_estimate.png", "bricks_ops_0.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and name in page
+    assert run_cli("report", "--run", run_dir.name, "--out", tmp_path / "one", "--db", results / "mlharness.sqlite") == 0
+    assert "<h2>Bricks</h2>" in (tmp_path / "one" / "index.html").read_text()
+
+
+def test_a_bricks_report_without_layer_benchmarks_says_so(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "empty.sqlite"
+    ResultStore(db).close()
+    assert run_cli("report", "--bricks", "--out", tmp_path / "r", "--db", db) == 1
+    assert capfd.readouterr().err == (f"mlharness: error: {db}: no layer benchmarks (run `mlharness bricks MODEL` "
+                                      "first)\n")
+    assert not (tmp_path / "r").exists()
+
 
 def test_a_torch_model_without_an_onnx_graph_is_refused_in_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert run_cli("bricks", "mobilenet-v2", "--backend", "torch", "--results-dir", tmp_path / "r") == 1

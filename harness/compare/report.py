@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from harness.atomic_io import write_bytes, write_text
-from harness.records.run_record import RunRecord
+from harness.records.run_record import BRICKS, RunRecord
 from harness.tables import format_value
 
 PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
@@ -231,8 +231,49 @@ def profile_plots(records: list[RunRecord]) -> list[Plot]:
     return plots
 
 
+def _bricks_records(records: Iterable[RunRecord]) -> list[RunRecord]:
+    return [r for r in records if r.kind == BRICKS and r.is_ok and (r.bricks or {}).get("summary")]
+
+
+def bricks_plots(records: list[RunRecord]) -> list[Plot]:
+    """Layer benchmarks (harness.bricks): estimate vs measured vs lower bound per model, and each
+    model's time per op type as measured through its bricks and at its lower bound."""
+    bricks = _bricks_records(records)
+    if not bricks:
+        return []
+    plt = _pyplot()
+    names = [r.model_name or r.run_id for r in bricks]
+    series = (("estimate", "estimate_ms"), ("measured (LoadGen p50)", "measured_ms"), ("lower bound", "lower_bound_ms"))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(bricks) + 2), 4))
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        values = [float(r.bricks["summary"].get(key) or 0.0) for r in bricks]
+        ax.bar([x + (i - 1) * width for x in range(len(bricks))], values, width, label=label)
+    ax.set_xticks(range(len(bricks)), names, rotation=30, ha="right")
+    ax.set_ylabel("latency of one call (ms)")
+    ax.legend()
+    plots = [Plot("bricks_estimate.png", "Composed estimate, measured latency and lower bound",
+                  "Per model: the sum of its bricks' medians (estimate), LoadGen's p50 of the whole model, and "
+                  "the sum of each brick's best variant (Benanza's lower bound).", _png(fig))]
+    for index, record in enumerate(bricks):
+        rows = record.bricks.get("by_op_type") or []
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
+        ops = [row["op_type"] for row in rows][::-1]
+        ax.barh([y + 0.2 for y in range(len(ops))], [row["measured_ms"] for row in rows][::-1], 0.4, label="as executed")
+        ax.barh([y - 0.2 for y in range(len(ops))], [row["lower_bound_ms"] for row in rows][::-1], 0.4, label="lower bound")
+        ax.set_yticks(range(len(ops)), ops)
+        ax.set_xlabel("ms per call (brick medians x multiplicity)")
+        ax.legend()
+        plots.append(Plot(f"bricks_ops_{index}.png", f"{record.model_name}: time per op type",
+                          "Measured through its bricks and at each brick's best variant; the gap is where the "
+                          "framework's configuration loses time.", _png(fig)))
+    return plots
+
+
 PLOTS: list[Callable[[list[RunRecord]], list[Plot]]] = [latency_plots, throughput_plots, accuracy_plots,
-                                                             profile_plots]
+                                                             profile_plots, bricks_plots]
 
 
 # ---- HTML ----------------------------------------------------------------------------------------
@@ -306,9 +347,36 @@ def write_report(records: list[RunRecord], out_dir: Path, title: str,
     return write_text(out_dir / "index.html", "\n".join(parts))
 
 
+def bricks_table(records: Iterable[RunRecord]) -> str:
+    rows = []
+    for r in _bricks_records(records):
+        s = r.bricks["summary"]
+        rows.append((r.model_name, r.run_id, s.get("batch"), s.get("nodes"), s.get("unique_bricks"), s.get("reused_bricks"),
+                     s.get("estimate_ms"), s.get("lower_bound_ms"), s.get("measured_ms"), s.get("error_pct"),
+                     s.get("brick_seconds"), s.get("whole_model_seconds"), s.get("speedup")))
+    return _table(("model", "run id", "batch", "nodes", "unique bricks", "reused", "estimate (ms)", "lower bound (ms)",
+                   "measured (ms)", "error (%)", "bricks (s)", "whole model (s)", "speedup"), rows)
+
+
 def run_report(store: Any, run_id: str, out_dir: Path) -> Path:
     record = store.get_record(run_id)
-    return write_report([record], out_dir, f"mlharness run {record.run_id}")
+    sections = [("Bricks", bricks_table([record]))] if _bricks_records([record]) else []
+    return write_report([record], out_dir, f"mlharness run {record.run_id}", sections)
+
+
+def bricks_report(store: Any, out_dir: Path) -> Path:
+    """Every model's latest layer benchmark in the database, side by side."""
+    from harness.errors import UserError
+    from harness.store.result_store import RunFilter
+
+    latest: dict[str, RunRecord] = {}
+    for record in store.run_records(RunFilter(scenario="bricks", status="ok")):  # newest first
+        if record.kind == BRICKS:
+            latest.setdefault(record.model_name or record.run_id, record)
+    if not latest:
+        raise UserError(f"{store.path}: no layer benchmarks (run `mlharness bricks MODEL` first)")
+    records = list(latest.values())[::-1]
+    return write_report(records, out_dir, "mlharness bricks", [("Bricks", bricks_table(records))])
 
 
 def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
