@@ -9,6 +9,7 @@ with the queue filled before the worker starts; there the real handoff gathers a
 stands in for LoadGen's completion call only."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import threading
 import time
@@ -29,6 +30,7 @@ from tests.support import REPO, write_manifest
 MODEL = REPO / "specs" / "models" / "null-routed.yaml"
 HARDWARE = REPO / "specs" / "hardware" / "cpu.yaml"
 SCORES = 1024  # null-routed's output row: 1024 float32 scores, one-hot at the sample index
+HANG_SECONDS = 10
 
 
 class Probe(NullBackend):
@@ -99,8 +101,14 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
     log.log_output.copy_summary_to_stdout = False
     logdir.mkdir(parents=True, exist_ok=True)
     total = len(staged)
-    with loadgen_handles(sut, total, total, load or staged.load_samples, staged.unload_samples) as (lg_sut, qsl):
-        lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
+    # A query the SUT never completes would keep LoadGen waiting in this process for ever: past
+    # HANG_SECONDS (a test takes well under one), dump every thread's stack and end the process.
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    try:
+        with loadgen_handles(sut, total, total, load or staged.load_samples, staged.unload_samples) as (lg_sut, qsl):
+            lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     logged = json.loads((logdir / "mlperf_log_accuracy.json").read_text())
     responses: dict[int, bytes] = {}
     for entry in logged:
