@@ -354,3 +354,27 @@ def test_a_model_on_another_framework_is_refused_naming_its_manifest(tmp_path: P
     assert capfd.readouterr().err == (f"mlharness: error: {manifest}: framework: bricks need an ONNX graph; model "
                                       "'tiny-cnn' runs on torch (write an onnxruntime manifest whose sources.graph "
                                       "converts it)\n")
+
+
+def test_large_weights_are_measured_with_the_rest_of_the_model_passed_through_the_caches() -> None:
+    small = sb.Brick("s", "Conv", "", {}, [sb.TensorInfo("w", "float32", (16, 16, 3, 3), weight=True)], [])
+    large = sb.Brick("l", "Gemm", "", {}, [sb.TensorInfo("x", "float32", (1, 4096)),
+                                           sb.TensorInfo("w", "float32", (4096, 1024), weight=True)], [], nodes=["a"])
+    assert sb.weight_bytes(large) == 4096 * 1024 * 4 == 16 << 20
+    decomposition = sb.Decomposition([small, large], 2, "enable_all")
+    small.nodes = ["b", "c"]
+    assert sb.model_weight_bytes(decomposition) == 2 * 16 * 16 * 9 * 4 + (16 << 20)
+    calls: list[str] = []
+
+    def fresh() -> None:
+        calls.append("fresh")
+
+    assert sb.evicting(fresh, small, 64 << 20) is fresh  # small weights stay cached in the model too
+    wrapped = sb.evicting(fresh, large, (16 << 20) + (40 << 20))
+    wrapped()
+    assert calls == ["fresh"]
+    evict_buffer = next(c.cell_contents for c in wrapped.__closure__ if isinstance(c.cell_contents, np.ndarray))
+    assert evict_buffer.nbytes == 40 << 20 and evict_buffer.min() == 1  # the rest of the model's weights, written
+    capped = sb.evicting(fresh, large, 10 << 30)
+    assert next(c.cell_contents for c in capped.__closure__
+                if isinstance(c.cell_contents, np.ndarray)).nbytes == sb.EVICT_CAP_BYTES

@@ -136,6 +136,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     _say(f"{runtime.model.name}: {decomposition.node_count} nodes of the graph as executed "
          f"({level}), {len(decomposition.bricks)} unique bricks")
 
+    model_weights = sb.model_weight_bytes(decomposition)
     fp = fingerprint(record.system, record.hardware, record.software.get("versions", {}), providers)
     known = _known_measurements(request, fp, [b.key for b in decomposition.bricks])
     rule = sb.ConfidenceRule(time_cap=request.brick_time_cap)
@@ -190,6 +191,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             session = sb.new_session(brick.model_bytes, options_for(variant_threads, opt_level), [provider])
             setup = time.perf_counter() - setup_started
             call, fresh = sb.fresh_inputs_call(session, brick.feed)
+            fresh = sb.evicting(fresh, brick, model_weights)
             measurement = sb.measure(call, rule if name == main_variant else variant_rule, setup_seconds=setup,
                                      before_each=fresh)
             if name == main_variant:
