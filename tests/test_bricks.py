@@ -224,6 +224,10 @@ def test_composition_is_net_median_times_multiplicity_plus_one_call() -> None:
     # Each variant net of the empty call at its own thread count: t1 wins though its median is larger.
     assert compose.best_variant({"t1": 0.6, "t2": 0.5}, {"1": 0.3, "2": 0.0}, {"t1": "1", "t2": "2"}) == \
         ("t1", pytest.approx(0.3))
+    # The estimate's interval: each brick's larger CI side times its multiplicity, as independent errors.
+    terms = [compose.Term(2, 1.0, 0.9, 1.2), compose.Term(1, 0.5, 0.45, 0.52)]
+    assert compose.estimate_halfwidth(terms) == pytest.approx((0.4 ** 2 + 0.05 ** 2) ** 0.5)
+    assert compose.estimate_from_terms(terms, 0.1) == pytest.approx(0.9 * 2 + 0.4 + 0.1)
     assert compose.time_to_confidence_speedup(10.0, 2.5) == 4.0
     assert compose.time_to_confidence_speedup(10.0, 0.0) is None
 
@@ -273,6 +277,10 @@ def test_bricks_of_a_users_model_measured_then_reused_from_the_database(tmp_path
     assert (summary["reused_bricks"], summary["measured_bricks"]) == (0, summary["unique_bricks"])
     assert summary["nodes"] == sum(b["multiplicity"] for b in first["bricks"])
     assert summary["measured_ms"] is None and summary["lower_bound_ms"] is None
+    # The estimate's own interval: within 2% of it when the rule was met, else every brick hit its cap.
+    assert summary["estimate_ci_ms"] >= 0
+    if summary["estimate_stable"]:
+        assert summary["estimate_ci_ms"] <= 0.02 * summary["estimate_ms"]
     for brick in first["bricks"]:
         assert brick["median_ms"] > 0 and brick["ci_low_ms"] <= brick["median_ms"] <= brick["ci_high_ms"]
         assert brick["net_ms"] == pytest.approx(max(brick["median_ms"] - summary["empty_call_ms"], 0.0))
@@ -378,3 +386,38 @@ def test_large_weights_are_measured_with_the_rest_of_the_model_passed_through_th
     capped = sb.evicting(fresh, large, 10 << 30)
     assert next(c.cell_contents for c in capped.__closure__
                 if isinstance(c.cell_contents, np.ndarray)).nbytes == sb.EVICT_CAP_BYTES
+
+
+class _FakeSampler:
+    """A sampler whose extra calls all take its median: its interval narrows as it is extended."""
+
+    def __init__(self, times: list[float]):
+        self.times = list(times)
+        self.timed = sum(times) / 1e3
+        self.calls = 0
+
+    def extend(self, count: int) -> None:
+        value = float(np.median(self.times))
+        self.times += [value] * count
+        self.timed += value * count / 1e3
+        self.calls += count
+
+
+def test_the_estimate_rule_extends_the_brick_that_widens_the_interval_most() -> None:
+    from harness.bricks.runner import _refine
+
+    wide = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])  # median 5.5, CI 1..10
+    narrow = _FakeSampler([5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.01])
+    bricks = {"w": sb.Brick("w", "Conv", "", {}, [], [], nodes=["a"]),
+              "n": sb.Brick("n", "Conv", "", {}, [], [], nodes=["b", "c"]),
+              "r": sb.Brick("r", "Relu", "", {}, [], [], nodes=["d"])}
+    reused = {"r": {"median_ms": 1.0, "ci_low_ms": 0.99, "ci_high_ms": 1.01}}
+    rule = sb.ConfidenceRule(tolerance=0.02, time_cap=10.0)
+    halfwidth = _refine({"w": wide, "n": narrow}, reused, bricks, 0.0, rule)
+    estimate = 5.5 + 2 * 5.0 + 1.0
+    assert halfwidth <= 0.02 * estimate
+    assert wide.calls > 0 and narrow.calls == 0  # only the brick whose interval mattered took more calls
+    # A cap stops it: nothing may take more time, the interval stays wide and is reported as it is.
+    capped = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+    halfwidth = _refine({"w": capped}, {}, bricks, 0.0, sb.ConfidenceRule(tolerance=0.02, time_cap=0.01))
+    assert capped.calls == 0 and halfwidth == pytest.approx(4.5)

@@ -9,6 +9,7 @@ measured figures, no runtime.
 - Error: (estimate - measured) / measured, in percent."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -36,6 +37,25 @@ class BrickFigures:
     @property
     def lower_ms(self) -> float:
         return (self.net_ms if self.best_ms is None else min(self.best_ms, self.net_ms)) * self.multiplicity
+
+
+@dataclass(frozen=True)
+class Term:
+    """One brick in the estimate while it is being measured: multiplicity, median and its 95% CI (ms)."""
+    multiplicity: int
+    median_ms: float
+    low_ms: float
+    high_ms: float
+
+
+def estimate_from_terms(terms: Iterable[Term], empty_ms: float) -> float:
+    return sum(max(t.median_ms - empty_ms, 0.0) * t.multiplicity for t in terms) + empty_ms
+
+
+def estimate_halfwidth(terms: Iterable[Term]) -> float:
+    """The 95% half-width of the estimate: each brick's half-width (the larger side of its median's CI)
+    times its multiplicity, combined as independent errors (root of the sum of squares)."""
+    return math.sqrt(sum((t.multiplicity * max(t.median_ms - t.low_ms, t.high_ms - t.median_ms)) ** 2 for t in terms))
 
 
 def estimate_ms(bricks: Iterable[BrickFigures], empty_ms: float) -> float:

@@ -177,49 +177,63 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     reuse_saved = 0.0
     measuring_seconds = 0.0  # the bricks as executed: what the composed estimate cost
     variant_seconds = 0.0  # the lower bound's other variants
+    samplers: dict[str, Any] = {}  # brick key -> its as-executed Sampler, for bricks measured by this run
+    found_by_key: dict[str, dict[str, dict[str, Any]]] = {}
     for position, brick in enumerate(decomposition.bricks, 1):
         wanted = list(dict.fromkeys([main_variant, *variant_names]))
         found = {name: known[(brick.key, name)] for name in wanted if (brick.key, name) in known}
-        needed = [name for name in wanted if name not in found]
-        results_by_variant: dict[str, dict[str, Any]] = dict(found)
+        found_by_key[brick.key] = found
         if main_variant in found:
             reused += 1
             reuse_saved += float(found[main_variant].get("seconds") or 0.0)
-        for name in needed:
+        for name in (name for name in wanted if name not in found):
             variant_threads, opt_level, provider = parse_variant(name)
             setup_started = time.perf_counter()
             session = sb.new_session(brick.model_bytes, options_for(variant_threads, opt_level), [provider])
             setup = time.perf_counter() - setup_started
             call, fresh = sb.fresh_inputs_call(session, brick.feed)
             fresh = sb.evicting(fresh, brick, model_weights)
-            measurement = sb.measure(call, rule if name == main_variant else variant_rule, setup_seconds=setup,
-                                     before_each=fresh)
-            if name == main_variant:
-                measuring_seconds += measurement.seconds
-            else:
-                variant_seconds += measurement.seconds
-            row = {"brick_key": brick.key, "variant": name, "op_type": brick.op_type, "label": brick.label,
-                   "descriptor": brick.describe() | {"nodes": None, "multiplicity": None},
-                   **measurement.describe()}
-            measured_rows.append(row)
-            results_by_variant[name] = row
-        main = results_by_variant[main_variant]
-        others = {name: float(r["median_ms"]) for name, r in results_by_variant.items()}
+            if name == main_variant:  # a first sample now; the estimate's rule decides how many more
+                sampler = sb.Sampler(call, fresh, setup, rule.warmup_repeats)
+                sampler.extend(rule.min_repeats)
+                samplers[brick.key] = sampler
+                continue
+            measurement = sb.measure(call, variant_rule, setup_seconds=setup, before_each=fresh)
+            variant_seconds += measurement.seconds
+            found[name] = _row(brick, name, measurement)
+            measured_rows.append(found[name])
+        if position % 10 == 0 or position == len(decomposition.bricks):
+            _say(f"{runtime.model.name}: {position}/{len(decomposition.bricks)} bricks ({reused} reused)")
+
+    # The estimate's confidence: more calls for the bricks that add most to its interval, until the
+    # interval is within the rule's tolerance of the estimate or no brick may take more time.
+    empty = empties[str(threads)]
+    fixed = {key: found[main_variant] for key, found in found_by_key.items() if main_variant in found}
+    by_key = decomposition.by_key
+    estimate_ci = _refine(samplers, fixed, by_key, empty, rule)
+    for brick in decomposition.bricks:
+        found = found_by_key[brick.key]
+        if brick.key in samplers:
+            sampler = samplers[brick.key]
+            measuring_seconds += sampler.seconds
+            found[main_variant] = _row(brick, main_variant, sampler.measurement(rule.tolerance))
+            measured_rows.append(found[main_variant])
+        main = found[main_variant]
+        others = {name: float(r["median_ms"]) for name, r in found.items()}
         best = compose.best_variant(others, empties, {name: str(parse_variant(name)[0]) for name in others}) \
             if request.variants else None
         figure = compose.BrickFigures(brick.key, brick.op_type, brick.label, brick.multiplicity,
-                                      float(main["median_ms"]), empties[str(threads)],
+                                      float(main["median_ms"]), empty,
                                       best[1] if best else None, best[0] if best else None)
         figures.append(figure)
         brick_entries.append(brick.describe() | {
-            "reused": main_variant in found, "median_ms": figure.median_ms, "net_ms": figure.net_ms,
+            "reused": brick.key in fixed, "median_ms": figure.median_ms, "net_ms": figure.net_ms,
             "ci_low_ms": main.get("ci_low_ms"), "ci_high_ms": main.get("ci_high_ms"), "repeats": main.get("repeats"),
             "stable": bool(main.get("stable")), "total_ms": figure.total_ms,
             "variants": {name: {k: r.get(k) for k in ("median_ms", "ci_low_ms", "ci_high_ms", "repeats", "stable")}
-                         for name, r in sorted(results_by_variant.items())},
+                         for name, r in sorted(found.items())},
             "best_variant": figure.best_variant, "best_net_ms": figure.best_ms})
-        if position % 10 == 0 or position == len(decomposition.bricks):
-            _say(f"{runtime.model.name}: {position}/{len(decomposition.bricks)} bricks ({reused} reused)")
+    samplers.clear()  # the sessions: a large model's weights are held by them
 
     estimate = compose.estimate_ms(figures, empties[str(threads)])
     lower = compose.lower_bound_ms(figures, empties[str(threads)]) if request.variants else None
@@ -228,7 +242,8 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
         "batch": batch, "threads": threads, "optimization_level": level, "providers": providers,
         "fingerprint": fp, "nodes": decomposition.node_count, "unique_bricks": len(figures),
         "reused_bricks": reused, "measured_bricks": len(figures) - reused,
-        "estimate_ms": estimate, "lower_bound_ms": lower,
+        "estimate_ms": estimate, "estimate_ci_ms": estimate_ci,
+        "estimate_stable": estimate_ci <= rule.tolerance * estimate, "lower_bound_ms": lower,
         "measured_ms": measured["latency_ms"] if measured else None,
         "measured_run": measured["run_id"] if measured else None,
         "error_pct": compose.error_pct(estimate, measured["latency_ms"]) if measured else None,
@@ -256,6 +271,46 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     record.bricks = {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json",
                      "measured": measured_rows}
     return record.bricks
+
+
+def _row(brick: Any, variant: str, measurement: Any) -> dict[str, Any]:
+    """A brick measurement as the database stores it (harness.store.result_store)."""
+    return {"brick_key": brick.key, "variant": variant, "op_type": brick.op_type, "label": brick.label,
+            "descriptor": brick.describe() | {"nodes": None, "multiplicity": None}, **measurement.describe()}
+
+
+def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: dict[str, Any], empty: float,
+            rule: Any) -> float:
+    """Extend the samplers until the estimate's 95% half-width (compose.estimate_halfwidth) is within
+    rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls.
+    Returns the final half-width (ms)."""
+    from sut.bricks import median_ci
+
+    def terms() -> tuple[list[compose.Term], dict[str, float]]:
+        out, weights = [], {}
+        for key, sampler in samplers.items():
+            median, low, high = median_ci(sorted(sampler.times))
+            out.append(compose.Term(bricks[key].multiplicity, median, low, high))
+            weights[key] = (bricks[key].multiplicity * max(median - low, high - median)) ** 2
+        for key, row in fixed.items():
+            out.append(compose.Term(bricks[key].multiplicity, float(row["median_ms"]),
+                                    float(row.get("ci_low_ms") or row["median_ms"]),
+                                    float(row.get("ci_high_ms") or row["median_ms"])))
+        return out, weights
+
+    while True:
+        current, weights = terms()
+        halfwidth = compose.estimate_halfwidth(current)
+        if halfwidth <= rule.tolerance * compose.estimate_from_terms(current, empty):
+            return halfwidth
+        open_keys = [key for key in weights if samplers[key].timed < rule.time_cap]
+        if not open_keys:
+            return halfwidth
+        key = max(open_keys, key=lambda k: weights[k])
+        sampler = samplers[key]
+        per_call = sampler.timed / max(len(sampler.times), 1)
+        left = int((rule.time_cap - sampler.timed) / per_call) + 1 if per_call > 0 else 10**6
+        sampler.extend(max(1, min(max(rule.min_repeats, len(sampler.times) // 2), left)))
 
 
 def variant_name(threads: int, level: str, provider: str) -> str:
