@@ -166,7 +166,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     whole_session = sb.new_session(str(backend.graph_path), backend.new_session_options(), providers)
     whole_setup = time.perf_counter() - whole_started
     whole_call, whole_fresh = sb.fresh_inputs_call(whole_session, feeds)
-    whole = sb.measure(whole_call, sb.ConfidenceRule(time_cap=max(request.brick_time_cap * 10, 5.0)),
+    whole = sb.measure(whole_call, sb.ConfidenceRule(time_cap=whole_model_cap(rule)),
                        setup_seconds=whole_setup, before_each=whole_fresh)
     del whole_session
 
@@ -273,6 +273,11 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     return record.bricks
 
 
+def whole_model_cap(rule: Any) -> float:
+    """Seconds of timed calls the whole model may take to reach the rule, and the bricks together."""
+    return max(rule.time_cap * 10, 5.0)
+
+
 def _row(brick: Any, variant: str, measurement: Any) -> dict[str, Any]:
     """A brick measurement as the database stores it (harness.store.result_store)."""
     return {"brick_key": brick.key, "variant": variant, "op_type": brick.op_type, "label": brick.label,
@@ -282,7 +287,8 @@ def _row(brick: Any, variant: str, measurement: Any) -> dict[str, Any]:
 def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: dict[str, Any], empty: float,
             rule: Any) -> float:
     """Extend the samplers until the estimate's 95% half-width (compose.estimate_halfwidth) is within
-    rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls.
+    rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls,
+    all of them together at whole_model_cap (the cap the whole model is measured with).
     Returns the final half-width (ms)."""
     from sut.bricks import median_ci
 
@@ -304,7 +310,7 @@ def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: 
         if halfwidth <= rule.tolerance * compose.estimate_from_terms(current, empty):
             return halfwidth
         open_keys = [key for key in weights if samplers[key].timed < rule.time_cap]
-        if not open_keys:
+        if not open_keys or sum(sampler.timed for sampler in samplers.values()) >= whole_model_cap(rule):
             return halfwidth
         key = max(open_keys, key=lambda k: weights[k])
         sampler = samplers[key]
