@@ -475,3 +475,41 @@ def test_buffers_follow_a_new_row_shape_when_another_set_is_loaded(tmp_path: Pat
     assert sut.failure is None, sut.failure
     assert [x.shape for _, x in backend.got] == [(4, 1), (4, 2)]
     assert handoff.completed == {30 + i: [i] for i in range(8)}
+
+
+def test_a_postprocess_that_takes_inputs_gets_the_batchs_inputs(tmp_path: Path) -> None:
+    _, backend, staged, ctx = _parts(count=8)
+    seen: list[list[int]] = []
+
+    def postprocess(outputs: dict[str, np.ndarray], ctx: ProcessingContext, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        seen.append([int(v) for v in inputs["x"][:, 0]])
+        return outputs["scores"]
+
+    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1, postprocess=postprocess)
+    responses = _loadgen(sut, staged, "Offline", tmp_path)
+    assert sut.failure is None
+    assert seen == backend.batches()
+    assert {sample: _answered(data) for sample, data in responses.items()} == {i: i for i in range(8)}
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_a_result_without_one_row_per_sample_is_a_postprocess_error(tmp_path: Path, declared: bool) -> None:
+    """The declared row shape fits (or nothing is declared) and the row count is still wrong."""
+    _, backend, staged, ctx = _parts(count=4)
+    options = {} if declared else {"result_spec": None}
+    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1, postprocess=lambda outputs, ctx: outputs["scores"][:1],
+               **options)
+    responses = _loadgen(sut, staged, "Offline", tmp_path)
+    assert isinstance(sut.failure, SampleError) and sut.failure.stage == "postprocess"
+    assert str(sut.failure).endswith(": postprocess raised ValueError: expected a result with 4 rows (one per "
+                                     "sample), got shape (1, 1024)")
+    assert set(responses.values()) == {b""}
+
+
+def test_a_one_dimensional_result_is_one_value_per_sample(tmp_path: Path) -> None:
+    _, backend, staged, ctx = _parts(count=4)
+    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1, result_spec=None,
+               postprocess=lambda outputs, ctx: np.argmax(outputs["scores"], axis=1).astype(np.int64))
+    responses = _loadgen(sut, staged, "Offline", tmp_path)
+    assert sut.failure is None
+    assert {s: np.frombuffer(d, dtype=np.int64).tolist() for s, d in responses.items()} == {i: [i] for i in range(4)}
