@@ -1,15 +1,28 @@
-"""`mlharness report (--run ID | --sweep ID | --bricks) --out DIR`: HTML with PNG plots."""
+"""`mlharness report (--run ID | --sweep ID | --bricks) --out DIR`: HTML with PNG plots;
+`mlharness report --site DIR`: a static site of the whole results database."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 from harness.commands.results import add_db_arguments, open_store
+from harness.errors import UserError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.compare.report import bricks_report, run_report, sweep_report
 
+    if args.site:
+        if args.out:
+            raise UserError("--out: not used with --site (the site is written into the --site folder)")
+        from harness.compare.site import write_site
+
+        with open_store(args) as store:
+            index = write_site(store, Path(args.site))
+        print(f"site written to {index} (open it in a browser; it needs no server)")
+        return 0
+    if not args.out:
+        raise UserError("--out DIR: needed with --run, --sweep and --bricks (the folder for index.html and its PNGs)")
     with open_store(args) as store:
         if args.run:
             index = run_report(store, args.run, Path(args.out))
@@ -22,11 +35,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("report", help="write an HTML report with plots for a run or a sweep")
+    parser = sub.add_parser("report", help="write an HTML report with plots for a run or a sweep, or a site of every run")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--run", metavar="ID", help="run id (or unique prefix) in the results database")
     which.add_argument("--sweep", metavar="ID", help="sweep id")
     which.add_argument("--bricks", action="store_true", help="every model's latest layer benchmark (mlharness bricks)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for index.html and the PNGs")
+    which.add_argument("--site", metavar="DIR", help="a static, self-contained HTML site of every run, sweep and "
+                                                     "layer benchmark in the database, written into DIR")
+    parser.add_argument("--out", metavar="DIR", help="folder for index.html and the PNGs (--run, --sweep, --bricks)")
     add_db_arguments(parser)
     parser.set_defaults(func=cmd_report)

@@ -369,14 +369,19 @@ def bricks_report(store: Any, out_dir: Path) -> Path:
     from harness.errors import UserError
     from harness.store.result_store import RunFilter
 
-    latest: dict[str, RunRecord] = {}
-    for record in store.run_records(RunFilter(scenario="bricks", status="ok")):  # newest first
-        if record.kind == BRICKS:
-            latest.setdefault(record.model_name or record.run_id, record)
-    if not latest:
+    records = latest_bricks(store.run_records(RunFilter(scenario="bricks", status="ok")))
+    if not records:
         raise UserError(f"{store.path}: no layer benchmarks (run `mlharness bricks MODEL` first)")
-    records = list(latest.values())[::-1]
     return write_report(records, out_dir, "mlharness bricks", [("Bricks", bricks_table(records))])
+
+
+def latest_bricks(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """Each model's newest ok layer benchmark among records given newest first, oldest model first."""
+    latest: dict[str, RunRecord] = {}
+    for record in records:
+        if record.kind == BRICKS and record.is_ok:
+            latest.setdefault(record.model_name or record.run_id, record)
+    return list(latest.values())[::-1]
 
 
 def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
