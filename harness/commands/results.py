@@ -1,4 +1,4 @@
-"""`mlharness results list|show|compare|import|sweeps|sweep`: query the results database."""
+"""`mlharness results list|show|compare|import|sweeps|sweep|export`: query the results database."""
 from __future__ import annotations
 
 import argparse
@@ -166,6 +166,119 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- export ------------------------------------------------------------------------------------
+
+EXPORT_COLUMNS = ("run_id", "started_at", "finished_at", "status", "kind", "model", "model_version", "dataset",
+                  "backend", "scenario", "mode", "system_name", "batch_size", "threads", "sweep_id", "metric_name",
+                  "metric_value", "loadgen_result", "accuracy_verdict", "error", "results_path")
+SUMMARY_COLUMNS = ("system", "benchmark", "model", "backend", "scenario", "metric", "units", "value", "valid",
+                   "accuracy", "accuracy_verdict", "performance_run", "accuracy_run")
+# How MLCommons' results tables state each scenario's figure: (metric, units, factor from the stored figure).
+_REPORTED = {"Offline": ("samples_per_second", "Samples/s", 1.0),
+             "Server": ("completed_samples_per_second", "Queries/s", 1.0),
+             "SingleStream": ("p90_latency_ns", "Latency (ms)", 1e-6),
+             "MultiStream": ("p99_latency_ns", "Latency (ms)", 1e-6)}
+
+
+def export_rows(store: Any, flt: Any, all_figures: bool = False) -> list[dict[str, Any]]:
+    """One dict per stored run, newest first: its index columns, headline figure, accuracy values
+    (`accuracy.<name>`) and, with all_figures, every figure by name. Keys are the same for every row."""
+    from harness.records.run_record import RunRecord
+
+    runs = []
+    for row in store.list_runs(flt):
+        record = RunRecord.from_dict(store.get_run(row["run_id"]))
+        base = {c: row[c] for c in EXPORT_COLUMNS if c in row.keys()}
+        base.update(kind=record.kind, loadgen_result=record.loadgen_result, accuracy_verdict=record.accuracy_verdict)
+        figures = record.figures()
+        runs.append((base, {k: v for k, v in figures.items() if all_figures or k.startswith("accuracy.")}))
+    names = sorted({name for _, figures in runs for name in figures})
+    return [{**{c: base.get(c) for c in EXPORT_COLUMNS}, **{n: figures.get(n) for n in names}} for base, figures in runs]
+
+
+def summary_rows(store: Any, flt: Any) -> list[dict[str, Any]]:
+    """MLCommons' final-report shape: per system, benchmark, backend and scenario, the newest ok
+    performance run's figure (as MLPerf reports it) and the newest ok accuracy run's accuracy."""
+    from dataclasses import replace
+
+    from harness.records.run_record import RunRecord
+
+    groups: dict[tuple, dict[str, Any]] = {}
+    for data in store.records(replace(flt, status="ok")):  # newest first
+        record = RunRecord.from_dict(data)
+        if not record.is_loadgen or record.scenario not in _REPORTED:
+            continue
+        benchmark = (record.settings or {}).get("conf_model") or record.model_name
+        key = (record.system_name, benchmark, record.model_name, record.backend, record.scenario)
+        group = groups.setdefault(key, {})
+        if record.performance and record.headline()[1] is not None:
+            group.setdefault("performance", record)
+        if record.accuracy_values:
+            group.setdefault("accuracy", record)
+    rows = []
+    for (system, benchmark, model, backend, scenario), group in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        metric, units, factor = _REPORTED[scenario]
+        perf, acc = group.get("performance"), group.get("accuracy")
+        value = perf.figures().get(f"{scenario.lower()}.{metric}") if perf else None
+        rows.append({"system": system, "benchmark": benchmark, "model": model, "backend": backend,
+                     "scenario": scenario, "metric": metric, "units": units,
+                     "value": None if value is None else value * factor,
+                     "valid": perf.loadgen_result if perf else None,
+                     "accuracy": " ".join(f"{k}={v:.6g}" for k, v in sorted(acc.accuracy_values.items())) if acc else None,
+                     "accuracy_verdict": acc.accuracy_verdict if acc else None,
+                     "performance_run": perf.run_id if perf else None, "accuracy_run": acc.run_id if acc else None})
+    return rows
+
+
+def format_export(rows: list[dict[str, Any]], columns: list[str], fmt: str) -> str:
+    import csv
+    import io
+
+    if fmt == "jsonl":
+        return "".join(json.dumps(row, default=str) + "\n" for row in rows)
+    if fmt == "table":
+        from harness.tables import format_table
+
+        return format_table(columns, [[row.get(c) for c in columns] for row in rows]) + "\n"
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    return buffer.getvalue()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import sys
+
+    from harness.atomic_io import write_text
+    from harness.errors import UserError
+    from harness.store.result_store import RunFilter
+
+    flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
+                    mode=args.mode, sweep=args.sweep, system=args.system)
+    if args.format == "table" and not args.summary:
+        raise UserError("--format table: only with --summary (the full export is csv or jsonl)")
+    with open_store(args) as store:
+        if args.summary:
+            rows, columns = summary_rows(store, flt), list(SUMMARY_COLUMNS)
+        else:
+            rows = export_rows(store, flt, args.all_figures)
+            columns = list(rows[0]) if rows else list(EXPORT_COLUMNS)
+    text = format_export(rows, columns, args.format)
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            raise UserError(f"{out}: --out is a folder; name the file to write")
+        try:
+            write_text(out, text)
+        except OSError as exc:
+            raise UserError(f"{out}: cannot write the export: {exc.strerror or exc}") from None
+        print(f"{len(rows)} row(s) written to {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     results = sub.add_parser("results", help="query the results database").add_subparsers(
         dest="results_command", required=True)
@@ -202,5 +315,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("sweep_id")
     sweep.set_defaults(func=cmd_sweep)
 
-    for parser in (listing, show, compare, imp, sweeps, sweep):
+    export = results.add_parser("export", help="the runs and their headline figures as CSV or JSON lines, or "
+                                               "(--summary) a table in the shape of MLCommons' final report")
+    export.add_argument("--format", choices=("csv", "jsonl", "table"), default="csv",
+                        help="csv (default), jsonl (one JSON object per line), table (--summary only)")
+    export.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
+    export.add_argument("--summary", action="store_true",
+                        help="per system, benchmark, backend and scenario: the newest ok performance run's figure "
+                             "as MLPerf reports it, with the newest ok accuracy run's accuracy")
+    export.add_argument("--all-figures", action="store_true", help="a column per figure of any run, not only "
+                                                                   "the headline and accuracy")
+    export.add_argument("--model")
+    export.add_argument("--scenario")
+    export.add_argument("--backend")
+    export.add_argument("--status", choices=("ok", "failed", "running"))
+    export.add_argument("--mode")
+    export.add_argument("--sweep", help="only the runs of this sweep id")
+    export.add_argument("--system", help="only the runs of this system (as results list shows it)")
+    export.set_defaults(func=cmd_export)
+
+    for parser in (listing, show, compare, imp, sweeps, sweep, export):
         add_db_arguments(parser)
