@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from harness.store.result_store import ResultStore
-from tests.support import copy_specs, failing_null_model, run_cli, sha256, write_manifest
+from tests.support import REPO, copy_specs, failing_null_model, run_cli, sha256, write_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -251,3 +251,15 @@ def test_site_in_chromium(site: dict, tmp_path: Path) -> None:
     _screenshot(tmp_path, (out / "runs" / f"{ids['profiled']}.html").as_uri(), "run-page.png", "1400,1600")
     _screenshot(tmp_path, compare, "comparison.png", "1400,1400")
     _screenshot(tmp_path, (out / "sweeps" / "site-sweep.html").as_uri(), "sweep.png", "1400,1100")
+
+
+def test_site_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("report", "--site", tmp_path / "s", "--results-dir", tmp_path / "none") == 1
+    assert "no results database here" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    run_cli("results", "import", "--results-dir", tmp_path / "r", REPO / "scenarios" / "baselines" / "null-offline")
+    (tmp_path / "file").write_text("")
+    assert run_cli("report", "--site", tmp_path / "file", "--results-dir", tmp_path / "r") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'file'}: not a folder" in err
+    assert run_cli("report", "--run", "x", "--results-dir", tmp_path / "r") == 1
+    assert "--out DIR: needed with --run" in capsys.readouterr().err
