@@ -18,7 +18,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         from harness.compare.site import write_site
 
         with open_store(args) as store:
-            index = write_site(store, Path(args.site))
+            try:
+                index = write_site(store, Path(args.site))
+            except OSError as exc:
+                raise UserError(f"{exc.filename or args.site}: cannot write the site: {exc.strerror or exc}") from None
         print(f"site written to {index} (open it in a browser; it needs no server)")
         return 0
     if not args.out:
