@@ -94,9 +94,17 @@ class SystemUnderTest:
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
         self._batch_buffers = [dict() for _ in range(self.workers + 1)]  # per worker; the last is inline
+        # Samples answered, one count per worker (the last inline), each written by its worker only:
+        # a progress display reads their sum from its own thread (harness.running.progress).
+        self._completed = [0] * (self.workers + 1)
         import mlperf_loadgen as lg
 
         self._lg = lg
+
+    @property
+    def completed_samples(self) -> int:
+        """Samples answered with a result so far (not those completed empty after a failure)."""
+        return sum(self._completed)
 
     # LoadGen callbacks ---------------------------------------------------------------------
     def issue_query(self, query_ids: list[int], sample_indices: list[int]) -> None:
@@ -195,6 +203,7 @@ class SystemUnderTest:
             postprocessed = time.perf_counter_ns()
             stage = "complete"
             self.handoff.complete(query_ids, result)
+            self._completed[worker] += len(query_ids)
         except BaseException as exc:  # user code may raise anything; the run must end, not hang
             self._fail(sample_indices, stage, exc)
             self._complete_empty(query_ids)

@@ -31,11 +31,15 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_session(model_cache: Path) -> Iterator[None]:
     """No MLHARNESS_* variable from outside for the whole session, so module-scoped fixtures (set up
-    before any per-test fixture) do not see the developer's database, specs or presets either."""
+    before any per-test fixture) do not see the developer's database, specs or presets either; the
+    session's own: a private cache, no progress display."""
     with pytest.MonkeyPatch.context() as patch:
         for var in _ours():
             patch.delenv(var)
         patch.setenv("MLHARNESS_CACHE", str(model_cache))
+        # No progress display (as --quiet): tests read a failed run's stderr as its one-line error, and a
+        # slow machine would add progress lines to it. tests/test_progress.py turns it back on.
+        patch.setenv("MLHARNESS_PROGRESS", "off")
         yield
 
 

@@ -57,6 +57,7 @@ class RunRequest:
     measured_run: str | None = None
     variants: bool = True
     brick_time_cap: float = 2.0
+    quiet: bool = False  # no progress display (harness.running.progress)
 
     def __post_init__(self) -> None:
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
@@ -132,6 +133,7 @@ REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),
     "--results-dir": ("results_dir", {"default": "results", "help": "results tree root (default: results)"}),
     "--set": ("overrides", {"action": "append", "metavar": "KEY=VALUE", "help": "override a setting (repeatable)"}),
+    "--quiet": ("quiet", {"action": "store_true", "help": "no progress display (the plan and live progress on stderr)"}),
     "--timeout": ("timeout", {"type": float, "default": DEFAULT_RUN_TIMEOUT, "metavar": "SECONDS",
                               "help": f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})"}),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import sys
 import time
 import traceback
 from dataclasses import replace
@@ -389,12 +390,31 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     validate_loadgen_settings(settings, performance_sample_count=perf_count)
     # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
     audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
+    from harness.running.progress import Ticker, plan_loadgen_test, quiet_from_env
+
+    plan = plan_loadgen_test(test_settings, settings.scenario, settings.mode, settings.origin, total)
+    quiet = bool(getattr(request, "quiet", False)) or quiet_from_env()
+    if not quiet:
+        for line in plan.describe():
+            print(f"[run] {line}", file=sys.stderr, flush=True)
+    first_done: list[float] = []  # when the first sample was seen completed (LoadGen's test under way)
+
+    def watch() -> None:
+        if not first_done and sut.completed_samples:
+            first_done.append(time.perf_counter())
+
+    def progress() -> Any:
+        return plan.snapshot(sut.completed_samples, time.perf_counter() - first_done[0] if first_done else None)
+
+    ticker = Ticker(f"{runtime.model.name} {settings.scenario} {settings.mode}", progress, "samples", quiet=quiet,
+                    watch=watch)
     # Tracers wrap only the test (and the SUT's workers, so they can follow them); none without --profile.
     with profile.measuring(runtime) if profile is not None else contextlib.nullcontext(), \
             loadgen_handles(sut, total, perf_count, load_samples, unload_samples) as (lg_sut, qsl):
         started = time.perf_counter()
         try:
-            lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
+            with ticker:
+                lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
         finally:
             elapsed = time.perf_counter() - started
     return sut.failure, elapsed
