@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.running.progress import LoadGenPlan, Snapshot, Ticker, clock, plan_loadgen_test
+from harness.running.progress import (
+    LoadGenPlan,
+    Snapshot,
+    Ticker,
+    clock,
+    plan_loadgen_test,
+)
 from tests.support import REPO, run_cli
 
 
@@ -168,3 +174,25 @@ def test_on_a_terminal_the_progress_is_a_live_bar(tmp_path: Path) -> None:
     assert "\x1b[" in text  # drawn in place with control codes, not plain lines
     assert "[progress]" not in text
     assert "null Server performance" in text and "samples, elapsed" in text and " of 2000 QPS" in text
+
+
+def test_steps_report_each_end_with_an_eta_from_the_durations_so_far() -> None:
+    from harness.running.progress import Steps
+
+    stream = io.StringIO()
+    with Steps(3, stream, interval=10.0, terminal=False, unit="cells") as steps:
+        steps.starting("a", announce=True)
+        steps.finished("a", "ok", 2.0)
+        steps.starting("b", expected=30.0)
+        snapshot = steps._read()
+        assert (snapshot.done, snapshot.total) == (1, 3) and snapshot.extra.startswith("running b for 0:00 of ~0:30")
+        assert snapshot.eta == pytest.approx(4.0, abs=0.5)  # two more at the mean of 2 s
+        steps.finished("b", "FAILED: boom", 4.0)
+        steps.finished("c", "ok", 3.0)
+    assert stream.getvalue().splitlines() == ["a: started", "[1/3] a: ok (2.0 s), ETA 0:04",
+                                              "[2/3] b: FAILED: boom (4.0 s), ETA 0:03", "[3/3] c: ok (3.0 s)"]
+    plain = io.StringIO()
+    with Steps(1, plain, terminal=False, numbered=False, quiet=True) as steps:
+        steps.starting("[1/1] x", expected=5.0, announce=True)
+        steps.finished("[1/1] x", "done", 1.0)
+    assert plain.getvalue().splitlines() == ["[1/1] x: started (about 5 s)", "[1/1] x: done (1.0 s)"]

@@ -37,8 +37,11 @@ def fingerprint(system: dict[str, Any], hardware: dict[str, Any], versions: dict
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _say(text: str) -> None:
-    print(f"[bricks] {text}", file=sys.stderr, flush=True)
+def _say(text: str, request: RunRequest) -> None:
+    from harness.running.progress import quiet_from_env
+
+    if not (request.quiet or quiet_from_env()):
+        print(f"[bricks] {text}", file=sys.stderr, flush=True)
 
 
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
@@ -134,7 +137,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     decomposition = sb.decompose(optimized, feeds, check_feeds, backend.new_session_options, providers, level, where_text)
     decompose_seconds = time.perf_counter() - started
     _say(f"{runtime.model.name}: {decomposition.node_count} nodes of the graph as executed "
-         f"({level}), {len(decomposition.bricks)} unique bricks")
+         f"({level}), {len(decomposition.bricks)} unique bricks", request)
 
     model_weights = sb.model_weight_bytes(decomposition)
     fp = fingerprint(record.system, record.hardware, record.software.get("versions", {}), providers)
@@ -179,6 +182,12 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     variant_seconds = 0.0  # the lower bound's other variants
     samplers: dict[str, Any] = {}  # brick key -> its as-executed Sampler, for bricks measured by this run
     found_by_key: dict[str, dict[str, dict[str, Any]]] = {}
+    from harness.running.progress import Snapshot, Ticker, quiet_from_env
+
+    done_bricks = [0]
+    ticker = Ticker(f"{runtime.model.name} bricks", lambda: Snapshot(done_bricks[0], len(decomposition.bricks)),
+                    "bricks", quiet=request.quiet or quiet_from_env())
+    ticker.__enter__()  # left below, after the estimate's rule: the first pass and the refinement
     for position, brick in enumerate(decomposition.bricks, 1):
         wanted = list(dict.fromkeys([main_variant, *variant_names]))
         found = {name: known[(brick.key, name)] for name in wanted if (brick.key, name) in known}
@@ -202,15 +211,17 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             variant_seconds += measurement.seconds
             found[name] = _row(brick, name, measurement)
             measured_rows.append(found[name])
-        if position % 10 == 0 or position == len(decomposition.bricks):
-            _say(f"{runtime.model.name}: {position}/{len(decomposition.bricks)} bricks ({reused} reused)")
+        done_bricks[0] = position
 
     # The estimate's confidence: more calls for the bricks that add most to its interval, until the
     # interval is within the rule's tolerance of the estimate or no brick may take more time.
     empty = empties[str(threads)]
     fixed = {key: found[main_variant] for key, found in found_by_key.items() if main_variant in found}
     by_key = decomposition.by_key
-    estimate_ci = _refine(samplers, fixed, by_key, empty, rule)
+    try:
+        estimate_ci = _refine(samplers, fixed, by_key, empty, rule)
+    finally:
+        ticker.__exit__(None, None, None)
     for brick in decomposition.bricks:
         found = found_by_key[brick.key]
         if brick.key in samplers:

@@ -4,6 +4,7 @@ run of its own (its own process, folder and record, stored by the launcher); mod
 invocation share bricks through the results database, in order."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,26 +39,37 @@ def measuring_request(base: RunRequest, batch: int) -> RunRequest:
 
 
 def run_suite(models: Sequence[str], base: RunRequest, measure: bool = True, say: Any = print) -> SuiteOutcome:
+    from harness.running.progress import Steps
+
+    outcome = SuiteOutcome()
+    with Steps(len(models), quiet=base.quiet, unit="models") as progress:
+        for model in models:
+            started = time.monotonic()
+            progress.starting(model)
+            _run_model(model, base, measure, say, outcome)
+            progress.finished(outcome.bricks[-1].model_name or model, "ok", time.monotonic() - started)
+    if len(outcome.bricks) > 1:
+        say(format_suite(outcome.bricks))
+    return outcome
+
+
+def _run_model(model: str, base: RunRequest, measure: bool, say: Any, outcome: SuiteOutcome) -> None:
+    """The model's measuring run (unless not asked for), then its bricks run; records into `outcome`."""
     from dataclasses import replace
 
     from harness.running.launcher import run_request
 
-    outcome = SuiteOutcome()
-    for model in models:
-        measured_id = None
-        if measure:
-            measured = run_request(measuring_request(replace(base, model=model), base.batch))
-            outcome.measured.append(measured)
-            measured_id = measured.run_id
-            p50 = (measured.performance or {}).get("p50_latency_ns")
-            say(f"{measured.model_name}: measured whole by LoadGen {measured.scenario}: p50 "
-                f"{p50 / 1e6:.3f} ms (run {measured.run_id})" if p50 else f"{model}: measured (run {measured.run_id})")
-        record = run_request(replace(base, model=model, kind="bricks", measured_run=measured_id))
-        outcome.bricks.append(record)
-        say(format_model(record))
-    if len(outcome.bricks) > 1:
-        say(format_suite(outcome.bricks))
-    return outcome
+    measured_id = None
+    if measure:
+        measured = run_request(measuring_request(replace(base, model=model), base.batch))
+        outcome.measured.append(measured)
+        measured_id = measured.run_id
+        p50 = (measured.performance or {}).get("p50_latency_ns")
+        say(f"{measured.model_name}: measured whole by LoadGen {measured.scenario}: p50 "
+            f"{p50 / 1e6:.3f} ms (run {measured.run_id})" if p50 else f"{model}: measured (run {measured.run_id})")
+    record = run_request(replace(base, model=model, kind="bricks", measured_run=measured_id))
+    outcome.bricks.append(record)
+    say(format_model(record))
 
 
 def _ms(value: Any) -> str:

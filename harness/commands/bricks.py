@@ -34,5 +34,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the LoadGen run that measures each model whole")
     add_request_arguments(parser, ["--dataset", "--backend", "--software", "--hardware", "--results-dir", "--set",
-                                   "--timeout"])
+                                   "--quiet", "--timeout"])
     parser.set_defaults(func=cmd_bricks)

@@ -9,7 +9,8 @@ from harness.running.request import REQUEST_FLAGS, add_request_arguments, reques
 from harness.running.settings import SCENARIOS
 
 # The run-request flags a submission session takes (its runs' timeout, software and reference are its own).
-SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick")
+SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick",
+                 "--quiet")
 SESSION_REQUEST_FIELDS = tuple(REQUEST_FLAGS[flag][0] for flag in SESSION_FLAGS)
 
 

@@ -14,7 +14,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
                            repeat=args.repeat, timeout_s=args.timeout, quick=True if args.quick else None,
-                           extra_settings=args.set or [], dry_run=args.dry_run)
+                           extra_settings=args.set or [], dry_run=args.dry_run, quiet=args.quiet)
     result = run_sweep(Path(args.grid), options)
     if args.dry_run:
         return 0
@@ -41,5 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="setting for every cell (repeatable)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and whether they are finished")
     sweep.add_argument("--strict", action="store_true", help="exit 1 when any cell failed")
+    sweep.add_argument("--quiet", action="store_true", help="no live progress (each cell's line is still printed)")
     add_db_arguments(sweep)
     sweep.set_defaults(func=cmd_sweep)

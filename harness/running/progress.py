@@ -199,7 +199,12 @@ class Ticker:
         self._started = time.monotonic()
         if self.terminal:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TaskProgressColumn,
+                TextColumn,
+            )
 
             console = Console(file=self.stream, force_terminal=True)
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
@@ -256,3 +261,70 @@ class Ticker:
         self.stream.write(f"[progress] {self.label}: {self.text(snapshot, elapsed)}\n")
         self.stream.flush()
         self.lines += 1
+
+
+class Steps:
+    """Progress of a sequence of steps (a sweep's cells, a submission's steps, a suite's models): a
+    line as each starts and ends, and between them a Ticker with steps done of total, the step
+    running and for how long (of its expected seconds when known), and an ETA from the steps'
+    durations so far. `quiet` drops the ticker, not the lines (they are the command's report)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, quiet: bool = False,
+                 interval: float | None = None, terminal: bool | None = None, unit: str = "steps",
+                 numbered: bool = True):
+        self.total, self.unit, self.numbered = total, unit, numbered  # numbered: "[n/total]" before each end
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self.durations: list[float] = []
+        self.current: tuple[str, float, float | None] | None = None  # label, started, expected seconds
+        self._lock = threading.Lock()
+        self.ticker = Ticker("", self._read, unit, stream=self.stream, quiet=quiet or quiet_from_env(),
+                             interval=interval, terminal=terminal)
+
+    def __enter__(self) -> "Steps":
+        self.ticker.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ticker.__exit__(*exc)
+
+    def eta(self) -> float | None:
+        if not self.durations:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        running = time.monotonic() - self.current[1] if self.current else 0.0
+        return max(mean * (self.total - self.done) - running, 0.0)
+
+    def _read(self) -> Snapshot:
+        with self._lock:
+            extra = ""
+            if self.current is not None:
+                label, started, expected = self.current
+                extra = f"running {label} for {clock(time.monotonic() - started)}" + \
+                    (f" of ~{clock(expected)}" if expected else "")
+            return Snapshot(self.done, self.total, self.eta(), extra)
+
+    def say(self, text: str) -> None:
+        """A line of the command's report, above a live bar when one is drawn."""
+        bar = self.ticker._bar
+        if bar is not None:
+            bar.console.print(text, highlight=False, markup=False)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def starting(self, label: str, expected: float | None = None, announce: bool = False) -> None:
+        with self._lock:
+            self.current = (label, time.monotonic(), expected)
+        if announce:
+            self.say(f"{label}: started" + (f" (about {expected:.0f} s)" if expected else ""))
+
+    def finished(self, label: str, status: str, seconds: float) -> None:
+        with self._lock:
+            self.done += 1
+            self.durations.append(seconds)
+            self.current = None
+            eta = self.eta()
+        number = f"[{self.done}/{self.total}] " if self.numbered else ""
+        self.say(f"{number}{label}: {status} ({seconds:.1f} s)"
+                 + (f", ETA {clock(eta)}" if self.done < self.total and eta is not None else ""))

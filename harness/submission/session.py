@@ -9,7 +9,6 @@ import hashlib
 import json
 import shlex
 import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from harness.atomic_io import write_json
 from harness.errors import UserError
+from harness.running.progress import Steps
 from harness.running.settings import SCENARIOS
 from harness.submission.compliance import parse_tests, record_outcomes, run_audit
 from harness.submission.runs import STEPS_FILE
@@ -42,6 +42,7 @@ class SessionOptions:
     quick: bool = False
     restart: bool = False
     redo: list[str] = field(default_factory=list)  # "Scenario" or "Scenario/step" to run again
+    quiet: bool = False  # no plan or progress from each step's run
 
 
 def _fingerprint(options: SessionOptions) -> str:
@@ -59,7 +60,8 @@ def _request(options: SessionOptions, scenario: str, command: str) -> Any:
     return RunRequest(model=options.model, scenario=scenario, mode="performance", dataset=options.dataset,
                       backend=options.backend, hardware=options.hardware, quick=options.quick,
                       presets=list(options.presets), user_conf=options.user_conf,
-                      results_dir=Path(options.results_dir), overrides=list(options.overrides), command=command)
+                      results_dir=Path(options.results_dir), overrides=list(options.overrides), command=command,
+                      quiet=options.quiet)
 
 
 def plan(options: SessionOptions, benchmark_tests: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -73,37 +75,6 @@ def plan(options: SessionOptions, benchmark_tests: tuple[str, ...]) -> list[tupl
         (list(benchmark_tests) if options.division == "closed" else [])
     tests = parse_tests(",".join(tests))
     return [(s, step) for s in options.scenarios for step in ("performance", "accuracy", *tests)]
-
-
-class Progress:
-    """One line per step; on a terminal it ticks in place while the step runs."""
-
-    def __init__(self, label: str, expected_s: float | None):
-        self.label, self.expected_s = label, expected_s
-        self.started = time.monotonic()
-        self.done = threading.Event()
-        self.tty = sys.stdout.isatty()
-        self.thread = threading.Thread(target=self._tick, daemon=True)
-
-    def __enter__(self) -> "Progress":
-        print(f"{self.label}: started" + (f" (about {self.expected_s:.0f} s)" if self.expected_s else ""), flush=True)
-        self.thread.start()
-        return self
-
-    def _tick(self) -> None:
-        period = 2.0 if self.tty else 60.0
-        while not self.done.wait(period):
-            elapsed = time.monotonic() - self.started
-            text = f"{self.label}: {elapsed:.0f} s" + (f" / ~{self.expected_s:.0f} s" if self.expected_s else "")
-            print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", flush=True)
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join()
-        if self.tty:
-            print("\r", end="")
-        status = "failed" if exc[0] else "done"
-        print(f"{self.label}: {status} in {time.monotonic() - self.started:.0f} s", flush=True)
 
 
 def _load_state(path: Path, fingerprint: str, restart: bool) -> dict[str, Any]:
@@ -170,6 +141,9 @@ def run_session(options: SessionOptions) -> int:
     rerun: set[str] = set()  # scenarios where an earlier step ran again: later steps must follow
     failed_compliance = []
     session_started = time.monotonic()
+    # Each step's run draws its own plan and progress (harness.running.progress); the session adds its
+    # lines: a step started (with its expected length) and how it ended.
+    progress = Steps(len(steps), sys.stdout, quiet=True, numbered=False)
     for number, (scenario, step) in enumerate(steps, 1):
         key = f"{scenario}/{step}"
         scenario_dir = model_dir / scenario
@@ -185,15 +159,17 @@ def run_session(options: SessionOptions) -> int:
         rerun.add(scenario)
         expected = None if options.quick or step == "accuracy" else _expected_seconds(state, scenario, step)
         started = time.monotonic()
+        progress.starting(label, expected, announce=True)
         try:
-            with Progress(label, expected):
-                outcome = _run_step(options, scenario, step, scenario_dir)
+            outcome = _run_step(options, scenario, step, scenario_dir)
         except UserError as exc:
+            progress.finished(label, "failed", time.monotonic() - started)
             state["steps"][key] = {"status": "failed", "error": str(exc)}
             write_json(state_path, state)
             failure = UserError(f"{label} failed: {exc} (run the same command again to resume)")
             failure.exit_status = getattr(exc, "exit_status", 1)  # 130 after Ctrl-C, as for `run`
             raise failure from None
+        progress.finished(label, "done", time.monotonic() - started)
         state["steps"][key] = {"status": "done", "seconds": round(time.monotonic() - started, 1), **outcome}
         write_json(state_path, state)
         if outcome.get("verdict") == "FAIL":

@@ -34,6 +34,7 @@ class SweepOptions:
     quick: bool | None = None
     extra_settings: list[str] = field(default_factory=list)
     dry_run: bool = False
+    quiet: bool = False  # no live progress (each cell's line is still printed)
 
 
 @dataclass
@@ -73,48 +74,13 @@ def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
     return cells
 
 
-class Progress:
-    """A one-line progress bar with an ETA on stderr: redrawn in place on a terminal, a line per cell otherwise."""
-
-    def __init__(self, total: int, stream: TextIO, width: int = 24):
-        self.total, self.stream, self.width = total, stream, width
-        self.done, self.started = 0, time.monotonic()
-        self.durations: list[float] = []
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-
-    def _bar(self) -> str:
-        filled = int(self.width * self.done / self.total) if self.total else self.width
-        elapsed = time.monotonic() - self.started
-        eta = _clock(statistics.mean(self.durations) * (self.total - self.done)) if self.durations else "?"
-        pct = 100 * self.done // self.total if self.total else 100
-        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {pct:3d}%  "
-                f"elapsed {_clock(elapsed)}  ETA {eta}")
-
-    def starting(self, label: str) -> None:
-        if self.tty:
-            self.stream.write(f"\r\033[K{self._bar()}  running {label}")
-            self.stream.flush()
-
-    def finished(self, label: str, status: str, seconds: float) -> None:
-        self.done += 1
-        self.durations.append(seconds)
-        prefix = "\r\033[K" if self.tty else ""
-        self.stream.write(f"{prefix}{self._bar()}  {label}: {status} ({seconds:.1f} s)\n")
-        self.stream.flush()
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
-        else f"{seconds // 60}:{seconds % 60:02d}"
-
-
 def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
     """Submit the cell's RunRequest to the launcher (a fresh process with the sweep's timeout and
     results dir; the record goes to the sweep's database from here); returns {status, run_id, error, stderr}."""
     from harness.running.launcher import LocalLauncher
 
-    request = cell.request_for(results_dir.resolve(), timeout_s)
+    # The cell's own plan and progress lines would only fill the log kept for a failed cell.
+    request = replace(cell.request_for(results_dir.resolve(), timeout_s), quiet=True)
     with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:
         output = Path(tmp) / "output"
         outcome = LocalLauncher(db_path=db_path.resolve(), output=output).submit(request)
@@ -158,7 +124,14 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
                           {"grid": grid.document, "repeat": repeat, "cells": sorted({c.key for c in cells})}, utc_now())
     print(f"sweep {sweep_id}: {len(plan)} cell run(s), {len(plan) - len(todo)} already finished, "
           f"{len(todo)} to run (timeout {timeout_s:g} s each)", file=stream)
-    progress = Progress(len(todo), stream)
+    from harness.running.progress import Steps
+
+    with Steps(len(todo), stream, quiet=options.quiet, unit="cells") as progress:
+        return _run_cells(todo, repeat, sweep_id, plan, options, timeout_s, progress)
+
+
+def _run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: SweepOptions, timeout_s: float,
+               progress: Any) -> SweepResult:
     outcomes = []
     for cell, repeat_index in todo:
         label = cell.label() + (f" #{repeat_index + 1}" if repeat > 1 else "")
