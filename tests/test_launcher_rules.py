@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -629,3 +630,193 @@ def test_each_run_kind_has_its_runner() -> None:
     assert launcher.runner_for("bricks") is harness.bricks.runner
     with pytest.raises(KeyError):
         launcher.runner_for("other")
+
+
+# ---- real runs through the launcher, the parent in this process --------------------------------
+
+NULL = (Path(__file__).resolve().parents[1] / "specs" / "models" / "null.yaml").read_text()
+LONG = ("min_duration=60000", "min_query_count=100000000")
+
+
+def null_with(folder: Path, preprocess: str) -> Path:
+    """The shipped null model with another preprocess."""
+    start, end = NULL.index("preprocess: |"), NULL.index("attributes:")
+    text = NULL[:start] + "preprocess: |\n" + "".join(f"  {line}\n" for line in preprocess.splitlines()) + NULL[end:]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "null.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary folder the launcher makes its work folders in."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return folder
+
+
+def when_claimed(results: Path, then: Callable[[], None]) -> threading.Thread:
+    """Call `then` from another thread once a run's staging folder is claimed (owner.json written)."""
+    def wait() -> None:
+        deadline = time.monotonic() + 60
+        while not list(results.rglob(".staging-*/owner.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        then()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_comes_back_as_its_record_and_is_stored(tmp_path: Path, private_tmp: Path) -> None:
+    """And first, a folder abandoned by an earlier run is closed and stored; the child's output goes
+    to the given file; the work folder is removed."""
+    results, db, out = tmp_path / "results", tmp_path / "db.sqlite", tmp_path / "out.txt"
+    abandoned = record()
+    staging_of(results, abandoned, owner={"pid": 1, "create_time": 0})
+    req = RunRequest(model="null", scenario="Offline", quick=True, results_dir=results, timeout=60)
+    outcome = LocalLauncher(db_path=db, output=out).submit(req)
+    assert (outcome.kind, outcome.error, outcome.exit_status) == ("result", None, 0)
+    rec = outcome.record
+    assert rec.status == "ok" and Path(rec.results_path).parent.name == "runs"
+    assert json.loads((Path(rec.results_path) / "run.json").read_text())["run_id"] == rec.run_id
+    with ResultStore(db, create=False) as store:
+        assert {r["run_id"]: r["status"] for r in store.list_runs()} == {rec.run_id: "ok", abandoned.run_id: "failed"}
+    assert out.is_file()
+    assert list(private_tmp.glob("mlharness-launch-*")) == []
+    assert not list(results.rglob(".staging-*"))
+
+
+def test_a_child_that_exits_mid_run_is_a_failed_run(tmp_path: Path, private_tmp: Path) -> None:
+    results, db = tmp_path / "results", tmp_path / "db.sqlite"
+    model = null_with(tmp_path / "models", "import os\n\ndef preprocess(sample, ctx):\n    os._exit(3)\n")
+    req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=results, timeout=60)
+    outcome = LocalLauncher(db_path=db, output=tmp_path / "out.txt").submit(req)
+    why = "the run's process exited with status 3 before finishing the run"
+    assert outcome.kind == "error" and outcome.exit_status == 1
+    assert outcome.error == f"run failed: {why} (logs kept in {outcome.record.results_path})"
+    assert Path(outcome.record.results_path).name == f"failed-{outcome.record.run_id}"
+    with ResultStore(db, create=False) as store:
+        assert store.get_record(outcome.record.run_id).error == why
+    with pytest.raises(RunFailed) as raised:
+        run_request(req, LocalLauncher(db_path=db, output=tmp_path / "out.txt"))
+    assert raised.value.exit_status == 1 and why in str(raised.value)
+    assert list(private_tmp.glob("mlharness-launch-*")) == []
+
+
+def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_tmp: Path) -> None:
+    """SIGINT to this process (the parent) is forwarded to the run's process group; the run stops
+    at once, keeps its logs as a failed run and exits 130; the parent's handlers are put back."""
+    results, db = tmp_path / "results", tmp_path / "db.sqlite"
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results, timeout=120)
+    when_claimed(results, lambda: os.kill(os.getpid(), signal.SIGINT))
+    began = time.monotonic()
+    # A grace so long that only the run stopping itself (not the parent's kill) ends it in time.
+    outcome = LocalLauncher(grace=60, db_path=db, output=tmp_path / "out.txt").submit(req)
+    assert time.monotonic() - began < 30
+    assert outcome.kind == "error" and outcome.exit_status == 130
+    assert outcome.error.startswith("run failed: interrupted by SIGINT (logs kept in ")
+    assert outcome.record.status == "failed" and outcome.record.error == "interrupted by SIGINT"
+    with ResultStore(db, create=False) as store:
+        assert store.get_record(outcome.record.run_id).status == "failed"
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert not list(results.rglob(".staging-*"))
+
+
+def test_a_run_past_its_timeout_is_failed_by_its_own_process(tmp_path: Path, private_tmp: Path) -> None:
+    results = tmp_path / "results"
+    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results, timeout=3)
+    began = time.monotonic()
+    # A grace so long that the parent's own deadline (timeout + grace + 5 s) cannot be what ended it.
+    outcome = LocalLauncher(grace=60, store=False, output=tmp_path / "out.txt").submit(req)
+    assert time.monotonic() - began < 30
+    assert (outcome.kind, outcome.exit_status) == ("error", 1)
+    assert outcome.error.startswith("run failed: timed out after 3 s (logs kept in ")
+    assert outcome.record.error == "timed out after 3 s"
+
+
+def test_a_child_that_cannot_stop_itself_is_killed_after_its_timeout(tmp_path: Path, private_tmp: Path) -> None:
+    """User code holding the GIL in C (here libc's sleep through ctypes.PyDLL) lets neither the
+    child's deadline nor its signal watcher run: the parent kills the process group once the
+    timeout, the grace and 5 s have passed, and the failed run says it timed out."""
+    results = tmp_path / "results"
+    model = null_with(tmp_path / "models", "import ctypes\n\ndef preprocess(sample, ctx):\n"
+                                           "    ctypes.PyDLL(None).sleep(120)\n")
+    req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=results, timeout=1)
+    began = time.monotonic()
+    outcome = LocalLauncher(grace=0.2, store=False, output=tmp_path / "out.txt").submit(req)
+    took = time.monotonic() - began
+    assert 6.2 <= took < 40, took
+    assert (outcome.kind, outcome.exit_status) == ("error", 1)
+    assert outcome.error == f"run failed: timed out after 1 s (logs kept in {outcome.record.results_path})"
+    assert outcome.record.error == "timed out after 1 s"
+
+
+def test_a_child_that_ignores_the_forwarded_signal_is_killed_after_the_grace(tmp_path: Path, private_tmp: Path) -> None:
+    """User code that ignores SIGINT and SIGTERM: the parent forwards Ctrl-C, waits `grace` seconds,
+    then kills the process group; the failed run says it was interrupted, exit 130."""
+    results = tmp_path / "results"
+    ignoring = tmp_path / "ignoring"
+    model = null_with(tmp_path / "models", "import signal, time\n\ndef preprocess(sample, ctx):\n"
+                                           "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                           "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                           f"    open({str(ignoring)!r}, 'w').close()\n"
+                                           "    time.sleep(120)\n")
+    req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=results, timeout=60)
+
+    def interrupt_once_ignored() -> None:
+        deadline = time.monotonic() + 60
+        while not ignoring.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_ignored, daemon=True).start()
+    began = time.monotonic()
+    outcome = LocalLauncher(grace=0.5, store=False, output=tmp_path / "out.txt").submit(req)
+    assert time.monotonic() - began < 30, "killed after the grace, long before the run's timeout"
+    assert (outcome.kind, outcome.exit_status) == ("error", 130)
+    assert outcome.error == f"run failed: interrupted by SIGINT (logs kept in {outcome.record.results_path})"
+    assert outcome.record.error == "interrupted by SIGINT"
+
+
+def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Path, private_tmp: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's process imports the harness the parent runs (this checkout), with the folder that
+    holds it first on PYTHONPATH and the caller's entries after it; its stderr goes to `output`."""
+    import harness
+
+    seen = tmp_path / "seen.json"
+    extra = str(tmp_path / "on-the-callers-path")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (extra, os.environ.get("PYTHONPATH")) if p))
+    model = null_with(tmp_path / "models", "import json, os, sys\nimport numpy as np\nimport harness\n\n"
+                                           "def preprocess(sample, ctx):\n"
+                                           f"    with open({str(seen)!r}, 'w') as out:\n"
+                                           "        json.dump([harness.__file__, os.environ['PYTHONPATH']], out)\n"
+                                           "    print('stderr of the run', file=sys.stderr)\n"
+                                           "    return np.array([sample], dtype=np.float32)\n")
+    out = tmp_path / "out.txt"
+    req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=tmp_path / "results", timeout=60)
+    outcome = LocalLauncher(store=False, output=out).submit(req)
+    assert outcome.kind == "result", outcome.error
+    imported, path = json.loads(seen.read_text())
+    root = str(Path(harness.__file__).resolve().parents[1])
+    assert Path(imported).resolve() == Path(harness.__file__).resolve()
+    assert path.split(os.pathsep)[:2] == [root, extra]
+    assert "stderr of the run" in out.read_text()
+
+
+def test_the_run_process_dies_with_its_parent() -> None:
+    """Linux: the child asks for SIGHUP when the launching process dies (prctl PR_SET_PDEATHSIG)."""
+    code = ("import ctypes\nfrom harness.running import launcher\nlauncher._die_with_parent()\n"
+            "sig = ctypes.c_int()\nctypes.CDLL(None).prctl(2, ctypes.byref(sig))\nprint(sig.value)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == signal.SIGHUP
