@@ -318,7 +318,7 @@ def test_sweeps_listed_by_last_update(tmp_path: Path) -> None:
 def test_a_new_database_and_its_folders_are_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "new.sqlite"
     with ResultStore(path) as store:
-        assert schema_version(store.conn) == SCHEMA_VERSION == 3
+        assert schema_version(store.conn) == SCHEMA_VERSION == 4
         assert store.path == path
     assert path.is_file()
     with ResultStore(tmp_path / "flat.sqlite") as store:  # its folder exists already
@@ -368,10 +368,13 @@ def test_an_empty_file_migrates_one_step_at_a_time(tmp_path: Path) -> None:
     assert migrate(conn, path, target=2) == 2
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"meta", "runs", "run_metrics", "sweeps", "sweep_cells"}
-    assert migrate(conn, path) == 3
+    assert migrate(conn, path, target=3) == 3
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"meta", "runs", "run_metrics", "sweeps", "sweep_cells", "brick_measurements"}
-    assert migrate(conn, path) == 3  # nothing left to do
+    assert migrate(conn, path) == 4
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"meta", "runs", "run_metrics", "sweeps", "sweep_cells", "brick_measurements", "tuned_configs"}
+    assert migrate(conn, path) == 4  # nothing left to do
     conn.close()
 
 
@@ -403,13 +406,13 @@ def test_a_failed_migration_step_changes_nothing(real: dict, tmp_path: Path,
     path = tmp_path / "v1.sqlite"
     _v1_database(path, [("good", json.dumps(make(real, "good")))])
 
-    first, second, third = result_store.MIGRATIONS
+    first, second, *later = result_store.MIGRATIONS
 
     def half_then_fail(conn: sqlite3.Connection) -> None:
         second(conn)  # the whole step's work, then a failure before it is committed
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(result_store, "MIGRATIONS", [first, half_then_fail, third])
+    monkeypatch.setattr(result_store, "MIGRATIONS", [first, half_then_fail, *later])
     with pytest.raises(RuntimeError, match="disk on fire"):
         ResultStore(path)
     monkeypatch.undo()

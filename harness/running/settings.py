@@ -1,5 +1,6 @@
 """Run settings from layered sources, lowest first: LoadGen's built-in mlperf.conf < the model's
-expected figures < a scenario preset in scenarios/ < user.conf < --set flags. The merged LoadGen
+expected figures < the configuration `mlharness tune` found on this system < a scenario preset in
+scenarios/ < user.conf < --set flags. The merged LoadGen
 keys are written as one user.conf and applied with a single FromConfig call; harness keys
 (batching, threads) go to the SUT. Each value remembers which layer set it."""
 from __future__ import annotations
@@ -31,7 +32,10 @@ LOADGEN_KEYS = frozenset({
 # Keys the SUT reads; the rest of the harness passes them through untouched.
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
                           "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
-                          "load_timeout"})
+                          "load_timeout", "graph_optimization", "execution_mode"})
+# Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
+CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
+                                           "execution_mode": ("sequential", "parallel")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0}
 _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout"})
@@ -87,6 +91,11 @@ class Settings:
 
 
 def _harness_value(key: str, value: Any, where: str) -> Any:
+    if key in CHOICE_KEYS:
+        text = str(value).strip().lower()
+        if text not in CHOICE_KEYS[key]:
+            raise UserError(f"{where}: {key}: expected one of {', '.join(CHOICE_KEYS[key])}, got {value!r}")
+        return text
     if key == "enable_trace":
         return str(value).lower() in ("1", "true", "yes", "on")
     kind = "a number of seconds" if key in _FLOAT_KEYS else "an integer"
@@ -298,7 +307,10 @@ def _apply_scoped(settings: Settings, scoped: dict[str, Any], layer: str, where:
 def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str,
                    model_hints: dict[str, Any] | None = None, presets: list[str] = (),
                    user_conf: Path | None = None, overrides: list[str] = (),
-                   user_conf_text: str | None = None) -> Settings:
+                   user_conf_text: str | None = None, tuned: dict[str, Any] | None = None,
+                   tuned_where: str = "tuned") -> Settings:
+    """The run's settings, layer by layer (see the module docstring); `tuned` is the configuration
+    `mlharness tune` found for this model on this system, between the model manifest and presets."""
     if scenario not in SCENARIOS:
         raise UserError(f"--scenario: expected one of {', '.join(SCENARIOS)}, got {scenario!r}")
     if mode not in MODES:
@@ -309,6 +321,10 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
     if model_hints:
         settings.layers.append("model")
         _apply_scoped(settings, model_hints, "model", f"model {model_name}: attributes.settings")
+    if tuned:
+        settings.layers.append("tuned")
+        for key, value in tuned.items():
+            settings.set(str(key), value, "tuned", tuned_where)
     for preset in presets:
         loaded = load_preset(preset)
         settings.layers.append(f"preset:{loaded['path'].stem}")

@@ -78,6 +78,20 @@ CREATE TABLE brick_measurements (
 """
 
 
+# Version 4: tuned configurations (`mlharness tune`): the best settings found for a model manifest on
+# a system, backend and software, per scenario; a later run there starts from them (settings layer
+# "tuned"), and the search's trials are kept as JSON beside them.
+_V4 = """
+CREATE TABLE tuned_configs (
+  model TEXT NOT NULL, model_sha256 TEXT NOT NULL, system_name TEXT NOT NULL, backend TEXT NOT NULL,
+  software TEXT NOT NULL, scenario TEXT NOT NULL,
+  settings_json TEXT NOT NULL, figure_name TEXT, figure_value REAL, trials_json TEXT,
+  tuning_id TEXT, created_at TEXT,
+  PRIMARY KEY (model_sha256, system_name, backend, software, scenario)
+);
+"""
+
+
 def _batch_and_threads(record: RunRecord) -> tuple[int | None, int | None]:
     return record.batch_size, record.threads
 
@@ -109,6 +123,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     lambda conn: _run_script(conn, _V1),
     _migrate_v2,
     lambda conn: _run_script(conn, _V3),
+    lambda conn: _run_script(conn, _V4),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -258,6 +273,38 @@ class ResultStore:
             for row in rows:
                 found[(row["brick_key"], row["variant"])] = dict(row)
         return found
+
+    # ---- tuned configurations ------------------------------------------------------------------
+
+    def put_tuned(self, key: Mapping[str, str], settings: Mapping[str, Any], figure_name: str,
+                  figure_value: float | None, trials: list[dict[str, Any]], tuning_id: str, created_at: str) -> None:
+        """Store (replace) the tuned configuration for key {model, model_sha256, system_name, backend,
+        software, scenario}."""
+        with self._transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO tuned_configs (model, model_sha256, system_name, backend, software, scenario, "
+                "settings_json, figure_name, figure_value, trials_json, tuning_id, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key["model"], key["model_sha256"], key["system_name"], key["backend"], key["software"],
+                 key["scenario"], json.dumps(dict(settings), sort_keys=True), figure_name, figure_value,
+                 json.dumps(trials, sort_keys=True, default=str), tuning_id, created_at))
+
+    def get_tuned(self, key: Mapping[str, str]) -> dict[str, Any] | None:
+        """The tuned configuration for this key, with its settings and trials decoded, or None."""
+        row = self.conn.execute(
+            "SELECT * FROM tuned_configs WHERE model_sha256 = ? AND system_name = ? AND backend = ? AND software = ? "
+            "AND scenario = ?", (key["model_sha256"], key["system_name"], key["backend"], key["software"],
+                                 key["scenario"])).fetchone()
+        if row is None:
+            return None
+        found = dict(row)
+        found["settings"] = json.loads(found.pop("settings_json"))
+        found["trials"] = json.loads(found.pop("trials_json") or "[]")
+        return found
+
+    def list_tuned(self) -> list[dict[str, Any]]:
+        rows = self.conn.execute("SELECT * FROM tuned_configs ORDER BY created_at DESC").fetchall()
+        return [dict(row) | {"settings": json.loads(row["settings_json"])} for row in rows]
 
     def count_brick_measurements(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM brick_measurements").fetchone()[0])

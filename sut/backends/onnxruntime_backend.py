@@ -20,6 +20,10 @@ _NUMPY_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tens
                  "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
 
 
+_ORT_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+               "disable_all": "ORT_DISABLE_ALL"}
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     devices = ("cpu", "cuda")
@@ -35,6 +39,14 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         return provider_problem(hardware, ort.get_available_providers(), ort.__version__)
+
+    @property
+    def graph_optimization(self) -> str:
+        return str(self.options.get("graph_optimization") or "all")
+
+    @property
+    def execution_mode(self) -> str:
+        return str(self.options.get("execution_mode") or "sequential")
 
     def load(self) -> None:
         import onnxruntime as ort
@@ -64,8 +76,10 @@ class OnnxRuntimeBackend(Backend):
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = self.inter_op_threads
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Harness keys graph_optimization and execution_mode (`mlharness tune` searches them).
+        options.execution_mode = getattr(ort.ExecutionMode, f"ORT_{self.execution_mode.upper()}")
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                   _ORT_LEVELS[self.graph_optimization])
         options.log_severity_level = 3  # errors only: light_resnet50 has an unused initializer ORT warns about
         return options
 
@@ -164,6 +178,7 @@ class OnnxRuntimeBackend(Backend):
         tensorrt = self.hardware.tensorrt
         return {**super().describe(), "providers": self.providers, "provider_options": self.provider_options,
                 "tensorrt": tensorrt.describe() if tensorrt is not None else None, "onnxruntime": ort.__version__,
+                "graph_optimization": self.graph_optimization, "execution_mode": self.execution_mode,
                 "graph": str(self.graph_path), "graph_sha256": self.graph_sha256,
                 "transforms": list(self.model.graph_transforms)}
 
