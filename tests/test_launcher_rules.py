@@ -123,6 +123,9 @@ def test_an_owner_is_alive_only_as_the_same_living_process(tmp_path: Path) -> No
     assert not launcher._owner_alive(staging), "a reused pid is another process"
     (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] + 0.5}))
     assert launcher._owner_alive(staging), "create times within a second are the same process"
+    for off in (1.0, -1.0, 1.5):
+        (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] + off}))
+        assert not launcher._owner_alive(staging), f"a create time {off:+} s away is another process"
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     (staging / "owner.json").write_text(json.dumps({"pid": ended.pid, "create_time": 0}))
@@ -155,6 +158,9 @@ def test_without_a_readable_owner_only_an_hour_old_folder_is_abandoned(tmp_path:
     assert not launcher._owner_alive(staging)
     os.utime(staging, (hour_ago + 120, hour_ago + 120))
     assert launcher._owner_alive(staging)
+    just_over = time.time() - 3600.5
+    os.utime(staging, (just_over, just_over))
+    assert not launcher._owner_alive(staging), "untouched for an hour: abandoned"
     assert not launcher._owner_alive(tmp_path / "no-such-staging")
 
 
@@ -212,7 +218,9 @@ def test_clean_stale_staging_closes_only_the_runs_whose_process_is_gone(tmp_path
     cleaned = clean_stale_staging(tmp_path, stored.append)
     assert cleaned == sorted([gone, no_owner])
     assert sorted(r.run_id for r in stored) == sorted([dead.run_id, old.run_id])
-    assert all(r.status == "failed" and r.error.startswith("abandoned: the run's process ended") for r in stored)
+    assert {r.error for r in stored} == {"abandoned: the run's process ended without finishing it (found and closed by a "
+                                         "later run)"}
+    assert all(r.status == "failed" for r in stored)
     assert live.is_dir() and stray.is_file() and shallow.is_dir()
     assert (gone.with_name(f"failed-{dead.run_id}") / "run.json").is_file()
 
@@ -321,6 +329,15 @@ def test_the_childs_own_outcome_is_taken_as_it_is(tmp_path: Path) -> None:
     written = Outcome(kind="error", error="its own word", exit_status=7)
     (workdir / "outcome.json").write_text(json.dumps(written.to_dict()))
     assert LocalLauncher()._outcome(workdir, -signal.SIGKILL, signal.SIGINT, request(tmp_path)) == written
+
+
+def test_an_outcome_of_a_newer_mlharness_names_its_file(tmp_path: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "outcome.json").write_text(json.dumps({"schema_version": OUTCOME_SCHEMA_VERSION + 1, "kind": "result"}))
+    with pytest.raises(UserError) as raised:
+        LocalLauncher()._outcome(workdir, 0, None, request(tmp_path))
+    assert str(raised.value).startswith(f"{workdir / 'outcome.json'}: outcome schema_version ")
 
 
 def test_a_child_that_exited_without_an_outcome_is_a_failed_run(tmp_path: Path) -> None:
@@ -495,6 +512,18 @@ def test_started_writes_the_preliminary_record_the_owner_and_the_start(tmp_path:
     assert (tmp_path / "r2" / ".staging-id2" / "run.json").is_file()
 
 
+def test_an_abort_before_any_sut_is_attached(tmp_path: Path) -> None:
+    """A signal during model load: nothing to fail yet; the abort is kept for the SUT to come."""
+    guard = RunGuard(None)
+    assert (guard.sut, guard.aborted, guard.parent_gone) == (None, None, False)
+    assert guard.finalizing()
+    guard.abort("interrupted by SIGTERM", 143)
+    assert str(guard.aborted) == "interrupted by SIGTERM"
+    sut = FailRecorder()
+    guard.attach_sut(sut)
+    assert sut.failed == [guard.aborted]
+
+
 def test_an_abort_fails_the_sut_once_and_a_later_sut_too(tmp_path: Path) -> None:
     guard = RunGuard(None)
     sut = FailRecorder()
@@ -540,12 +569,14 @@ def test_failing_from_outside_finalizes_the_run_and_stores_it_when_the_parent_is
         where = ScenarioDir(results / "sys" / "null" / "Offline", rec.run_id)
         guard = RunGuard(None)
         guard.started(rec, where)
-        guard.parent_gone = parent_gone
+        if parent_gone:  # else as a guard starts: the parent is there
+            guard.parent_gone = True
         outcome = guard._fail_from_outside("the launching process ended", 1)
         target = where.root / f"failed-{rec.run_id}"
         assert outcome == Outcome(kind="error", record=outcome.record, exit_status=1,
                                   error=f"run failed: the launching process ended (logs kept in {target})")
         assert outcome.record.status == "failed" and outcome.record.results_path == str(target)
+        assert outcome.record.error == "the launching process ended"
         stored = (tmp_path / "db.sqlite").exists() and rec.run_id in [
             r["run_id"] for r in ResultStore(tmp_path / "db.sqlite").list_runs()]
         assert stored is parent_gone, "only a run whose parent is gone stores itself"
@@ -570,14 +601,16 @@ def test_error_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert launcher._error_outcome(kept).traceback_path == "/somewhere/tb.txt"
     try:
         {}["missing"]
-    except KeyError as exc:
+    except KeyError as caught:
+        exc = caught
         bug = launcher._error_outcome(exc)
     assert bug.kind == "error" and bug.record is None and bug.exit_status == 1
     assert bug.error == "internal error: KeyError: 'missing'"
     path = Path(bug.traceback_path)
     assert path.parent == tmp_path and path.name.startswith("mlharness-traceback-")
-    text = path.read_text()
-    assert text.startswith("Traceback (most recent call last):") and "KeyError: 'missing'" in text
+    import traceback
+
+    assert path.read_text() == "".join(traceback.format_exception(exc))
 
 
 class Given:
@@ -597,7 +630,8 @@ def test_run_request_turns_outcomes_into_records_and_errors(tmp_path: Path) -> N
     ok = record(status="ok")
     given = Given(Outcome(kind="result", record=ok))
     assert run_request(req, given) is ok and given.got == [req]
-    assert launcher.run(req, Given(Outcome(kind="result", record=ok))) is ok
+    given = Given(Outcome(kind="result", record=ok))
+    assert launcher.run(req, given) is ok and given.got == [req]
 
     failed = record(status="failed")
     with pytest.raises(RunFailed) as raised:
@@ -608,9 +642,10 @@ def test_run_request_turns_outcomes_into_records_and_errors(tmp_path: Path) -> N
         run_request(req, Given(Outcome(kind="error", record=failed, traceback_path="/t/tb.txt", exit_status=1)))
     assert str(raised.value) == "run failed (traceback in /t/tb.txt)" and raised.value.exit_status == 1
 
-    with pytest.raises(RunInterrupted) as interrupted:
-        run_request(req, Given(Outcome(kind="error", error="run failed: interrupted by SIGINT", exit_status=130)))
-    assert (str(interrupted.value), interrupted.value.exit_status) == ("run failed: interrupted by SIGINT", 130)
+    for status in (130, 129):
+        with pytest.raises(RunInterrupted) as interrupted:
+            run_request(req, Given(Outcome(kind="error", error="run failed: interrupted", exit_status=status)))
+        assert (str(interrupted.value), interrupted.value.exit_status) == ("run failed: interrupted", status)
 
     for status in (1, 128):
         with pytest.raises(UserError) as raised:
