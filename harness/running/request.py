@@ -58,6 +58,7 @@ class RunRequest:
     variants: bool = True
     brick_time_cap: float = 2.0
     quiet: bool = False  # no progress display (harness.running.progress)
+    use_tuned: bool = True  # start from the configuration `mlharness tune` stored for this model and system
 
     def __post_init__(self) -> None:
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
@@ -133,6 +134,8 @@ REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),
     "--results-dir": ("results_dir", {"default": "results", "help": "results tree root (default: results)"}),
     "--set": ("overrides", {"action": "append", "metavar": "KEY=VALUE", "help": "override a setting (repeatable)"}),
+    "--no-tuned": ("use_tuned", {"action": "store_false", "dest": "use_tuned",
+                                 "help": "ignore the configuration `mlharness tune` stored for this model and system"}),
     "--quiet": ("quiet", {"action": "store_true", "help": "no progress display (the plan and live progress on stderr)"}),
     "--timeout": ("timeout", {"type": float, "default": DEFAULT_RUN_TIMEOUT, "metavar": "SECONDS",
                               "help": f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})"}),
@@ -157,8 +160,8 @@ def add_request_arguments(parser: argparse.ArgumentParser, flags: Iterable[str] 
 def request_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The RunRequest fields set by whichever run-request flags this parser declared."""
     fields: dict[str, Any] = {}
-    for flag, (field, _) in REQUEST_FLAGS.items():
-        dest = flag.lstrip("-").replace("-", "_")
+    for flag, (field, kwargs) in REQUEST_FLAGS.items():
+        dest = kwargs.get("dest") or flag.lstrip("-").replace("-", "_")
         if not hasattr(args, dest):
             continue
         value = getattr(args, dest)

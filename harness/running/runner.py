@@ -76,12 +76,16 @@ def _conf_model(model: ModelManifest) -> str:
     return model.mlperf_benchmark or model.name
 
 
-def prepare_settings(request: RunRequest, model: ModelManifest) -> Settings:
+def prepare_settings(request: RunRequest, model: ModelManifest, tuned: dict[str, Any] | None = None) -> Settings:
+    """The run's settings; `tuned` is a stored tuned configuration (harness.running.tuning.lookup)."""
     presets = (["quick"] if request.quick else []) + list(request.presets)
     return build_settings(scenario=request.scenario, mode=request.mode, conf_model=_conf_model(model),
                           model_name=model.name, model_hints=model.attributes.get("settings"),
                           presets=presets, user_conf=request.user_conf, overrides=request.overrides,
-                          user_conf_text=request.user_conf_text)
+                          user_conf_text=request.user_conf_text,
+                          tuned=(tuned or {}).get("settings"),
+                          tuned_where=f"tuned {(tuned or {}).get('tuning_id')} ({(tuned or {}).get('figure_name')} "
+                                      f"{(tuned or {}).get('figure_value')})")
 
 
 def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
@@ -123,6 +127,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         os.environ.setdefault(var, value)
     detected = system_mod.detect_system()
     system_name = system_mod.system_name(detected, hardware.device)
+    settings = _with_tuned(request, model, backend_name, system_name, settings)
     run_id = new_run_id()
     where = results.scenario_dir(Path(request.results_dir), system_name, model.name, request.scenario, run_id)
     record = RunRecord(
@@ -179,6 +184,24 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     where.publish()
     results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
     return record
+
+
+def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_name: str,
+                settings: Settings) -> Settings:
+    """The settings with the tuned configuration stored for this model, system, backend and software
+    (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs)."""
+    from harness.running import tuning
+    from harness.running.progress import quiet_from_env
+
+    if not request.use_tuned or request.mode not in ("performance", "submission"):
+        return settings
+    key = tuning.tuning_key(model, system_name, backend, system_mod.software_versions(), request.scenario)
+    found = tuning.lookup(Path(request.results_dir), key)
+    if found is not None:
+        return prepare_settings(request, model, found)
+    if request.scenario in tuning.TUNABLE_SCENARIOS and not (request.quiet or quiet_from_env()):
+        print(tuning.untuned_note(model.name, request.scenario, system_name), file=sys.stderr, flush=True)
+    return settings
 
 
 def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], scenario: str) -> None:

@@ -1,0 +1,51 @@
+"""`mlharness tune MODEL --scenario S`: search the settings a model runs best with on this system and
+store them for later runs (harness.running.tuning)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from harness.errors import UserError
+from harness.running.request import RunRequest, add_request_arguments, request_fields
+from harness.tables import format_table
+
+# The trial runs' length: short, but long enough for a stable figure (--set overrides either).
+TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query_count=64",),
+                  "MultiStream": ("min_query_count=16",)}
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from harness.running.tuning import tune
+
+    fields = request_fields(args)
+    trial = (f"min_duration={int(args.trial_seconds * 1000)}", *TRIAL_SETTINGS.get(args.scenario, ()))
+    argv = getattr(args, "argv", None) or []
+    base = RunRequest(model=args.model, scenario=args.scenario, mode="performance", use_tuned=False,
+                      **(fields | {"overrides": [*trial, *fields.get("overrides", [])]}),
+                      command=shlex.join(["mlharness", *argv]) if argv[:1] == ["tune"] else "")
+    if args.repeats < 1:
+        raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
+    found = tune(base, repeats=args.repeats)
+    rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())) or "defaults",
+             t["value"], t["status"], t["run_id"]) for i, t in enumerate(found["trials"], 1)]
+    print(format_table(("trial", "settings", found["figure"], "status", "run id"), rows))
+    best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"
+    start, value = found["start_value"], found["value"]
+    change = f" ({100 * (value - start) / start:+.1f}% against the starting configuration)" if start else ""
+    print(f"best: {best}: {value:,.6g} {found['figure']}{change}")
+    print(f"stored as tuning {found['tuning_id']}: later runs of {found['key']['model']} {args.scenario} on "
+          f"{found['key']['system_name']} start from it (--no-tuned to ignore it)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("tune", help="search batch size, threads and session options; later runs use the best")
+    parser.add_argument("model", help="model manifest name or path")
+    parser.add_argument("--scenario", required=True, choices=("Offline", "SingleStream", "MultiStream"))
+    parser.add_argument("--trial-seconds", type=float, default=3.0, metavar="SECONDS",
+                        help="min_duration of each trial run (default 3)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs per configuration, the best counts (default 2; other work only slows a run)")
+    add_request_arguments(parser, ["--dataset", "--backend", "--software", "--hardware", "--results-dir", "--set",
+                                   "--quiet", "--timeout"])
+    parser.set_defaults(func=cmd_tune)

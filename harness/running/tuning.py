@@ -1,0 +1,239 @@
+"""`mlharness tune`: the settings a model runs best with on this system, found by short LoadGen runs
+and kept in the results database, so that later runs of the model here start from them (the
+settings layer "tuned", between the model manifest and presets; `--no-tuned` skips it).
+
+The search is coordinate descent from the manifest's defaults. One dimension at a time, each
+candidate value is tried in a short LoadGen run (a run of its own, in the results tree and the
+database) with the best values found so far for the other dimensions. The dimensions are the
+intra-op threads, the batch size (Offline), workers (Offline, MultiStream) and, on ONNX Runtime,
+the graph optimization level and execution mode. A dimension whose values are ordered (threads,
+batch sizes) stops early on a plateau: two candidates in a row that are not better than the best.
+A candidate must beat the best by more than `MIN_GAIN` to replace it, so noise alone does not move
+the configuration. The objective is the scenario's headline figure: Offline samples/s (higher),
+SingleStream p90 and MultiStream p99 latency (lower)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.errors import UserError
+from harness.records.run_record import new_run_id, utc_now
+from harness.running.request import RunRequest
+
+TUNABLE_SCENARIOS = ("Offline", "SingleStream", "MultiStream")
+MIN_GAIN = 0.02  # a candidate replaces the best only when better by more than this fraction
+PLATEAU = 2  # an ordered dimension stops after this many candidates in a row that are not better
+OBJECTIVE = {"Offline": ("samples_per_second", True), "SingleStream": ("p90_latency_ns", False),
+             "MultiStream": ("p99_latency_ns", False)}
+FRAMEWORK_PACKAGE = {"onnxruntime": "onnxruntime", "torch": "torch"}
+
+
+def software_key(backend: str, versions: dict[str, str]) -> str:
+    """What a tuned configuration depends on besides the model and the system: the framework's and
+    LoadGen's versions."""
+    package = FRAMEWORK_PACKAGE.get(backend)
+    parts = {"backend": backend, "loadgen": versions.get("mlcommons-loadgen")}
+    if package:
+        parts[package] = versions.get(package)
+    return json.dumps(parts, sort_keys=True)
+
+
+def tuning_key(model: Any, system_name: str, backend: str, versions: dict[str, str], scenario: str) -> dict[str, str]:
+    return {"model": model.name, "model_sha256": model.sha256, "system_name": system_name, "backend": backend,
+            "software": software_key(backend, versions), "scenario": scenario}
+
+
+def lookup(results_dir: Path, key: dict[str, str]) -> dict[str, Any] | None:
+    """The tuned configuration for `key` in the results directory's database (read only), or None."""
+    from harness.store import result_store
+
+    path = result_store.default_db_path(results_dir)
+    if not path.is_file():
+        return None
+    with result_store.ResultStore(path, create=False) as store:
+        return store.get_tuned(key)
+
+
+def untuned_note(model: str, scenario: str, system_name: str) -> str:
+    return (f"note: {model} is untuned for {scenario} on this system ({system_name}); `mlharness tune {model} "
+            f"--scenario {scenario}` searches its batch size, threads and session options and later runs here "
+            f"start from what it finds")
+
+
+# ---- the search ------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    settings: dict[str, Any]
+    value: float | None
+    run_id: str | None
+    status: str
+    error: str | None = None
+    seconds: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"settings": self.settings, "value": self.value, "run_id": self.run_id, "status": self.status,
+                "error": self.error, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Search:
+    scenario: str
+    figure: str
+    higher_is_better: bool
+    trials: list[Trial] = field(default_factory=list)
+    best: Trial | None = None
+
+    def better(self, value: float | None, than: float | None) -> bool:
+        if value is None:
+            return False
+        if than is None:
+            return True
+        gain = (value - than) / than if self.higher_is_better else (than - value) / than
+        return gain > MIN_GAIN
+
+
+def dimensions(scenario: str, backend: str, cpus: int, start: dict[str, Any]) -> list[tuple[str, list[Any], bool]]:
+    """(harness key, candidate values, ordered) in the order they are searched."""
+    threads = sorted({1, cpus, *(2 ** k for k in range(1, 7) if 2 ** k < cpus)})
+    found: list[tuple[str, list[Any], bool]] = [("intra_op_threads", threads, True)]
+    if scenario == "Offline":
+        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max(64, int(start.get("max_batch_size") or 1))]
+        found.append(("max_batch_size", batches, True))
+    if scenario in ("Offline", "MultiStream"):
+        found.append(("workers", [1, 2], True))
+    if backend == "onnxruntime":
+        found.append(("graph_optimization", ["all", "extended", "basic"], False))
+        found.append(("execution_mode", ["sequential", "parallel"], False))
+    return found
+
+
+def starting_settings(model: Any, backend: str, scenario: str) -> dict[str, Any]:
+    """What a run uses when nothing is set: the search starts here, and a candidate equal to it is not
+    tried again under another spelling (threads 0 is the framework's default)."""
+    from harness.running.settings import HARNESS_DEFAULTS
+
+    start: dict[str, Any] = {"intra_op_threads": 0}
+    if scenario == "Offline":
+        start["max_batch_size"] = int(model.attributes.get("max_batch_size", 1))
+    if scenario in ("Offline", "MultiStream"):
+        start["workers"] = int(HARNESS_DEFAULTS["workers"])
+    if backend == "onnxruntime":
+        start |= {"graph_optimization": "all", "execution_mode": "sequential"}
+    return start
+
+
+def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
+               run_trial: Callable[[RunRequest], Any], say: Callable[[str], None] = print,
+               repeats: int = 1) -> Search:
+    """Coordinate descent over `dimensions` from `start` (the settings the untuned run would use);
+    `run_trial` runs one request and returns its record (raises on a failed run). Each configuration
+    runs `repeats` times and counts its best run: on a shared machine other work only slows a run."""
+    if base.scenario not in TUNABLE_SCENARIOS:
+        raise UserError(f"--scenario {base.scenario}: tune searches {', '.join(TUNABLE_SCENARIOS)} (a Server "
+                        f"configuration is the Offline one at a latency bound: tune Offline)")
+    figure, higher = OBJECTIVE[base.scenario]
+    search = Search(base.scenario, f"{base.scenario.lower()}.{figure}", higher)
+    current = dict(start)
+    target_qps: float | None = None
+
+    def trial(settings: dict[str, Any]) -> Trial:
+        nonlocal target_qps
+        overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
+        if base.scenario == "Offline" and target_qps:
+            overrides.append(f"target_qps={target_qps:.6g}")  # sizes the Offline query to the trial's length
+        started = time.monotonic()
+        done: Trial | None = None
+        for _ in range(max(1, repeats)):
+            try:
+                record = run_trial(replace(base, overrides=(*base.overrides, *overrides)))
+            except UserError as exc:
+                attempt = Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
+                                str(exc).splitlines()[0][:300])
+            else:
+                value = (record.performance or {}).get(figure)
+                attempt = Trial(dict(settings), float(value) if value is not None else None, record.run_id,
+                                "ok" if value is not None else "no figure")
+            if done is None or (attempt.value is not None and
+                                (done.value is None or (attempt.value > done.value) == higher)):
+                done = attempt
+            if attempt.value is None:
+                break  # a configuration that fails does not get better by trying again
+        assert done is not None
+        done.seconds = time.monotonic() - started
+        if base.scenario == "Offline" and done.value:
+            target_qps = max(target_qps or 0.0, done.value)
+        search.trials.append(done)
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
+        say(f"  trial {len(search.trials)}: {shown or 'defaults'} -> "
+            + (f"{done.value:,.4g} {figure}" if done.value is not None else f"{done.status}: {done.error}"))
+        return done
+
+    search.best = trial(current)
+    if search.best.value is None:
+        raise UserError(f"tune: the starting configuration failed: {search.best.error}")
+    tried = {json.dumps(current, sort_keys=True)}
+    for key, values, ordered in dimensions(base.scenario, backend, cpus, start):
+        misses = 0
+        for value in values:
+            candidate = dict(current, **{key: value})
+            fingerprint = json.dumps(candidate, sort_keys=True)
+            if fingerprint in tried:
+                continue
+            tried.add(fingerprint)
+            result = trial(candidate)
+            if search.better(result.value, search.best.value):
+                search.best, current, misses = result, candidate, 0
+            else:
+                misses += 1
+                if ordered and misses >= PLATEAU:
+                    break
+    return search
+
+
+def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
+    """Search, store the best configuration in the results database and return what was stored."""
+    from harness.running import system as system_mod
+    from harness.running.launcher import run_request
+    from harness.running.progress import Ticker, quiet_from_env
+    from harness.running.runner import resolve_manifests
+    from harness.store import result_store
+
+    model, backend, _, hardware, _, _ = resolve_manifests(base)
+    detected = system_mod.detect_system()
+    system_name = system_mod.system_name(detected, hardware.device)
+    key = tuning_key(model, system_name, backend, system_mod.software_versions(), base.scenario)
+    start = starting_settings(model, backend, base.scenario)
+    say(f"tuning {model.name} ({backend}) {base.scenario} on {system_name}: a coordinate search in short runs")
+    status = {"trials": 0, "running_since": None}
+
+    def read() -> Any:
+        from harness.running.progress import Snapshot, clock
+
+        since = status["running_since"]
+        return Snapshot(status["trials"], None, None,
+                        f"trial {status['trials'] + 1} running for {clock(time.monotonic() - since)}" if since else "")
+
+    def run_trial(request: RunRequest) -> Any:
+        status["running_since"] = time.monotonic()
+        try:
+            return run_request(replace(request, quiet=True))
+        finally:
+            status["trials"] += 1
+            status["running_since"] = None
+
+    with Ticker(f"tune {model.name} {base.scenario}", read, "trials", quiet=base.quiet or quiet_from_env()):
+        search = run_search(base, start, backend, len(os.sched_getaffinity(0)), run_trial, say, repeats)
+    assert search.best is not None
+    tuning_id = new_run_id()
+    best = {k: v for k, v in search.best.settings.items() if v is not None}
+    with result_store.ResultStore(result_store.default_db_path(base.results_dir)) as store:
+        store.put_tuned(key, best, search.figure, search.best.value, [t.describe() for t in search.trials],
+                        tuning_id, utc_now())
+    return {"key": key, "settings": best, "figure": search.figure, "value": search.best.value,
+            "start_value": search.trials[0].value, "trials": [t.describe() for t in search.trials],
+            "tuning_id": tuning_id}

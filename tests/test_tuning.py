@@ -1,0 +1,174 @@
+"""`mlharness tune` (issue 17): the coordinate search as known answers (an objective given as a
+function of the settings), and end to end with real LoadGen runs of a model whose throughput is set
+by its batch size and nothing else (100 ms a batch), so the verdict does not depend on the machine:
+the best configuration is stored, later runs start from it (layer "tuned", provenance in run.json),
+--no-tuned ignores it, an untuned run says how to tune."""
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import UserError
+from harness.running import tuning
+from harness.running.request import RunRequest
+from harness.store.result_store import ResultStore
+from tests.support import newest_run, run_cli
+
+
+@dataclass
+class _Record:
+    run_id: str
+    performance: dict[str, Any]
+
+
+def _objective(figure: str, value_of: Any, calls: list[dict]) -> Any:
+    def run_trial(request: RunRequest) -> _Record:
+        settings = dict(item.split("=", 1) for item in request.overrides if not item.startswith("target_qps"))
+        calls.append(settings)
+        value = value_of(settings)
+        if value is None:
+            raise UserError("run failed: this configuration crashed")
+        return _Record(f"run-{len(calls)}", {figure: value})
+    return run_trial
+
+
+def test_the_search_climbs_each_dimension_and_stops_on_a_plateau() -> None:
+    calls: list[dict] = []
+
+    def throughput(settings: dict) -> float:  # batch 8 is best; threads and workers change nothing
+        return {1: 100.0, 2: 180.0, 4: 300.0, 8: 400.0, 16: 390.0, 32: 380.0, 64: 370.0}[int(settings["max_batch_size"])]
+
+    base = RunRequest(model="m", scenario="Offline")
+    start = {"intra_op_threads": 0, "max_batch_size": 1, "workers": 1}
+    search = tuning.run_search(base, start, "null", 4, _objective("samples_per_second", throughput, calls),
+                               say=lambda _: None)
+    assert search.best is not None and search.best.settings["max_batch_size"] == 8
+    assert search.best.value == 400.0 and search.figure == "offline.samples_per_second"
+    batches = [int(c["max_batch_size"]) for c in calls if c["intra_op_threads"] == "0" and c["workers"] == "1"]
+    # 1 (start), 2, 4, 8, then 16 and 32 are not better: a plateau, 64 is never tried.
+    assert batches == [1, 2, 4, 8, 16, 32]
+    # Threads 1 and 2 tried at the start's batch, neither better by more than MIN_GAIN: a plateau, 4 is
+    # never tried, and the start stays.
+    assert [c["intra_op_threads"] for c in calls[1:3]] == ["1", "2"] and calls[3]["intra_op_threads"] == "0"
+    assert not [c for c in calls if c["intra_op_threads"] == "4"]
+    assert search.best.settings["intra_op_threads"] == 0 and search.best.settings["workers"] == 1
+    # The starting configuration is never run twice under another spelling.
+    assert len({json.dumps(c, sort_keys=True) for c in calls}) == len(calls)
+
+
+def test_a_candidate_must_beat_the_best_by_more_than_the_noise_margin() -> None:
+    def search(throughput: dict[str, float]) -> tuning.Search:
+        def latency(settings: dict) -> float:
+            return 1e6 * 1000.0 / throughput[settings["intra_op_threads"]]
+
+        return tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 0}, "null", 2,
+                                 _objective("p90_latency_ns", latency, []), say=lambda _: None)
+
+    noise = search({"0": 1000.0, "1": 1015.0, "2": 1010.0})  # +1.5% and +1%: noise, the start stays
+    assert noise.best.settings == {"intra_op_threads": 0} and noise.figure == "singlestream.p90_latency_ns"
+    gain = search({"0": 1000.0, "1": 1015.0, "2": 1030.0})  # +3%: a gain
+    assert gain.best.settings == {"intra_op_threads": 2}
+    assert [t.status for t in gain.trials] == ["ok", "ok", "ok"]
+
+
+def test_failed_candidates_are_recorded_and_the_start_must_work() -> None:
+    calls: list[dict] = []
+
+    def crashes_above_two(settings: dict) -> float | None:
+        return None if int(settings["max_batch_size"]) > 2 else 10.0 * int(settings["max_batch_size"])
+
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"),
+                               {"intra_op_threads": 0, "max_batch_size": 1, "workers": 1}, "null", 1,
+                               _objective("samples_per_second", crashes_above_two, calls), say=lambda _: None,
+                               repeats=3)
+    assert search.best.settings["max_batch_size"] == 2
+    failed = [t for t in search.trials if t.status == "failed"]
+    assert failed and failed[0].error == "run failed: this configuration crashed"
+    # A failing configuration is run once, not `repeats` times; a working one `repeats` times.
+    def runs_of(batch: str) -> int:
+        return sum(1 for c in calls if c == {"intra_op_threads": "0", "max_batch_size": batch, "workers": "1"})
+
+    assert runs_of("4") == 1 and runs_of("2") == 3
+    with pytest.raises(UserError, match="tune: the starting configuration failed: run failed: this configuration"):
+        tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 8}, "null", 1,
+                          _objective("samples_per_second", lambda s: None, []), say=lambda _: None)
+    with pytest.raises(UserError, match="--scenario Server: tune searches Offline, SingleStream, MultiStream"):
+        tuning.run_search(RunRequest(model="m", scenario="Server"), {}, "null", 1, lambda r: None)
+
+
+def _slow_model(folder: Path) -> Path:
+    """The null model with a 100 ms sleep per batch: throughput = batch size x 10/s, on any machine."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "slow-batches.yaml"
+    path.write_text(textwrap.dedent("""\
+        kind: model
+        name: slow-batches
+        version: 1.0.0
+        framework: {name: "null"}
+        dataset: null-samples
+        inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+        outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 4]}]
+        preprocess: |
+          import numpy as np
+          def preprocess(sample, ctx):
+              return np.array([sample], dtype=np.float32)
+        postprocess: |
+          import time
+          def postprocess(outputs, ctx):
+              time.sleep(0.1)
+              return outputs["scores"]
+        attributes:
+          max_batch_size: 1
+          settings: {Offline: {target_qps: 10}}
+        """))
+    return path
+
+
+def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _slow_model(tmp_path / "models")
+    results = tmp_path / "results"
+    # Batch 1 -> 10/s, 2 -> 20/s, 4 -> 40/s, ...: the search climbs to the largest batch it tries.
+    assert run_cli("tune", model, "--scenario", "Offline", "--trial-seconds", "0.5", "--repeats", "1",
+                   "--results-dir", results) == 0
+    out = capfd.readouterr().out
+    assert "best: " in out and "max_batch_size=64" in out
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        (stored,) = store.list_tuned()
+        assert stored["settings"]["max_batch_size"] == 64 and stored["scenario"] == "Offline"
+        assert stored["figure_name"] == "offline.samples_per_second" and stored["figure_value"] > 300
+        trials = json.loads(stored["trials_json"])
+        assert all(store.get_run(t["run_id"])["status"] == "ok" for t in trials)  # each trial a run of its own
+
+    assert run_cli("run", model, "--scenario", "Offline", "--quick", "--results-dir", results) == 0
+    record = newest_run(results, "slow-batches", "Offline")
+    assert record["settings"]["harness"]["max_batch_size"] == 64
+    assert record["settings"]["origin"]["max_batch_size"] == "tuned"
+    assert "tuned" in record["settings"]["layers"]
+    # A later layer still wins over it, and --no-tuned ignores it.
+    assert run_cli("run", model, "--scenario", "Offline", "--quick", "--set", "max_batch_size=2",
+                   "--results-dir", results) == 0
+    assert newest_run(results, "slow-batches", "Offline")["settings"]["origin"]["max_batch_size"] == "cli"
+    assert run_cli("run", model, "--scenario", "Offline", "--quick", "--no-tuned", "--results-dir", results) == 0
+    untuned = newest_run(results, "slow-batches", "Offline")
+    assert "tuned" not in untuned["settings"]["layers"] and "max_batch_size" not in untuned["settings"]["origin"]
+    # Another scenario is untuned: the run says how to tune it (with the display on).
+    capfd.readouterr()
+    monkeypatch.delenv("MLHARNESS_PROGRESS")
+    assert run_cli("run", model, "--scenario", "SingleStream", "--quick", "--set", "target_latency=100",
+                   "--results-dir", results) == 0
+    assert (f"note: slow-batches is untuned for SingleStream on this system ({record['system_name']}); `mlharness "
+            f"tune slow-batches --scenario SingleStream`") in capfd.readouterr().err
+
+
+def test_tune_refuses_bad_input_in_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("tune", "null", "--scenario", "Offline", "--repeats", "0", "--results-dir", tmp_path) == 1
+    assert capfd.readouterr().err == "mlharness: error: --repeats: expected a number of runs >= 1, got 0\n"
+    assert run_cli("tune", "no-such-model", "--scenario", "Offline", "--results-dir", tmp_path) == 1
+    assert capfd.readouterr().err.startswith("mlharness: error: ")
+    assert not (tmp_path / "mlharness.sqlite").exists()
