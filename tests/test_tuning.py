@@ -150,6 +150,12 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
     assert record["settings"]["harness"]["max_batch_size"] == 64
     assert record["settings"]["origin"]["max_batch_size"] == "tuned"
     assert "tuned" in record["settings"]["layers"]
+    # The search in a report: its trials, a chart, the trials' runs.
+    assert run_cli("report", "--tuning", "--out", tmp_path / "report", "--db", results / "mlharness.sqlite") == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<h2>slow-batches Offline</h2>" in page and "best " in page and "max_batch_size=64" in page
+    assert (tmp_path / "report" / "tuning_0.png").read_bytes()[:4] == b"\x89PNG" and "tuning_0.png" in page
+    assert all(t["run_id"] in page for t in trials)
     # A later layer still wins over it, and --no-tuned ignores it.
     assert run_cli("run", model, "--scenario", "Offline", "--quick", "--set", "max_batch_size=2",
                    "--results-dir", results) == 0

@@ -10,7 +10,7 @@ from harness.errors import UserError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.compare.report import bricks_report, run_report, sweep_report
+    from harness.compare.report import bricks_report, run_report, sweep_report, tuning_report
 
     if args.site:
         if args.out:
@@ -25,12 +25,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"site written to {index} (open it in a browser; it needs no server)")
         return 0
     if not args.out:
-        raise UserError("--out DIR: needed with --run, --sweep and --bricks (the folder for index.html and its PNGs)")
+        raise UserError("--out DIR: needed with --run, --sweep, --bricks and --tuning (the folder for index.html and its PNGs)")
     with open_store(args) as store:
         if args.run:
             index = run_report(store, args.run, Path(args.out))
         elif args.bricks:
             index = bricks_report(store, Path(args.out))
+        elif args.tuning:
+            index = tuning_report(store, Path(args.out))
         else:
             index = sweep_report(store, args.sweep, Path(args.out))
     print(f"report written to {index}")
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--run", metavar="ID", help="run id (or unique prefix) in the results database")
     which.add_argument("--sweep", metavar="ID", help="sweep id")
     which.add_argument("--bricks", action="store_true", help="every model's latest layer benchmark (mlharness bricks)")
+    which.add_argument("--tuning", action="store_true", help="every tuned configuration and its search (mlharness tune)")
     which.add_argument("--site", metavar="DIR", help="a static, self-contained HTML site of every run, sweep and "
                                                      "layer benchmark in the database, written into DIR")
     parser.add_argument("--out", metavar="DIR", help="folder for index.html and the PNGs (--run, --sweep, --bricks)")

@@ -375,6 +375,50 @@ def bricks_report(store: Any, out_dir: Path) -> Path:
     return write_report(records, out_dir, "mlharness bricks", [("Bricks", bricks_table(records))])
 
 
+def tuning_report(store: Any, out_dir: Path) -> Path:
+    """Every tuned configuration (`mlharness tune`): its search as a table and a chart of each trial's
+    figure, the trials' runs below."""
+    from harness.errors import UserError
+
+    tuned = store.list_tuned()
+    if not tuned:
+        raise UserError(f"{store.path}: no tuned configurations (run `mlharness tune MODEL --scenario S` first)")
+    out_dir = Path(out_dir)
+    sections, records = [], []
+    for index, entry in enumerate(tuned):
+        trials = json.loads(entry.get("trials_json") or "[]")
+        rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())), t["value"], t["status"],
+                 t["run_id"]) for i, t in enumerate(trials, 1)]
+        best = ", ".join(f"{k}={v}" for k, v in sorted(entry["settings"].items()))
+        body = (f"<p>{html.escape(entry['system_name'])}, {html.escape(entry['backend'])}: best {html.escape(best)} "
+                f"({html.escape(str(entry['figure_name']))} {format_value(entry['figure_value'])}), "
+                f"tuning {html.escape(str(entry['tuning_id']))}</p>"
+                + _table(("trial", "settings", str(entry["figure_name"]), "status", "run id"), rows))
+        values = [(i, t["value"]) for i, t in enumerate(trials, 1) if t["value"] is not None]
+        if values:
+            plt = _pyplot()
+            fig, ax = plt.subplots(figsize=(7, 3.2))
+            ax.plot([i for i, _ in values], [v for _, v in values], "o-", color="#888")
+            chosen = [(i, t["value"]) for i, t in enumerate(trials, 1) if t["settings"] == entry["settings"]]
+            if chosen:
+                ax.plot([i for i, _ in chosen], [v for _, v in chosen], "o", color="#d62728", label="chosen")
+                ax.legend()
+            ax.set_xlabel("trial")
+            ax.set_ylabel(str(entry["figure_name"]))
+            ax.set_title(f"{entry['model']} {entry['scenario']}: tuning search")
+            name = f"tuning_{index}.png"
+            write_bytes(out_dir / name, _png(fig))
+            body += f"<figure><img src='{name}' alt='tuning search'></figure>"
+        sections.append((f"{entry['model']} {entry['scenario']}", body))
+        for trial in trials:
+            if trial.get("run_id"):
+                try:
+                    records.append(store.get_record(trial["run_id"]))
+                except UserError:
+                    pass  # a trial whose run is gone from the database: its row above stays
+    return write_report(records, out_dir, "mlharness tuning", sections)
+
+
 def latest_bricks(records: Iterable[RunRecord]) -> list[RunRecord]:
     """Each model's newest ok layer benchmark among records given newest first, oldest model first."""
     latest: dict[str, RunRecord] = {}
