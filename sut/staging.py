@@ -97,6 +97,9 @@ class StagedSamples:
         self.value_stage = "preprocess" if preprocess is not None else "load" if load is not None else "samples"
         self.arrays: dict[str, np.ndarray] = {}
         self.row_of = _nothing_staged(len(items))
+        # For the inline one-sample path (SingleStream): each sample's row as a Python list and each
+        # row's inputs as views, made once per load, so a query costs two list lookups.
+        self._single: tuple[list[int], list[dict[str, np.ndarray]]] = (self.row_of.tolist(), [])
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -154,13 +157,24 @@ class StagedSamples:
                 arrays[name][row] = array
         row_of = _nothing_staged(len(self.items))
         row_of[indices] = np.arange(len(indices))
+        views = [{name: array[row:row + 1] for name, array in arrays.items()} for row in range(len(indices))]
         with self._lock:
             self.arrays, self.row_of = arrays, row_of
+            self._single = (row_of.tolist(), views)
 
     def unload_samples(self, indices: Sequence[int]) -> None:
         with self._lock:
             self.arrays = {}
             self.row_of = _nothing_staged(len(self.items))
+            self._single = (self.row_of.tolist(), [])
+
+    def feed_of(self, index: int) -> dict[str, np.ndarray]:
+        """One staged sample's inputs as a batch of one (views, no copy): the inline path's rows()."""
+        rows, views = self._single
+        row = rows[index]
+        if row < 0:
+            raise SampleError([index], "staging", LookupError("sample was issued but never loaded by LoadQuerySamples"))
+        return views[row]
 
     def rows(self, indices: Sequence[int]) -> np.ndarray:
         rows = self.row_of[np.asarray(indices, dtype=np.int64)]

@@ -43,11 +43,19 @@ class NullBackend(Backend):
         if buffers is None or next(iter(buffers.values())).shape[0] < batch:
             buffers = {name: np.zeros((batch, *shape), self._dtypes[name]) for name, shape in self._sample_shapes.items()}
             self._local.buffers = buffers
+            self._local.views = {}  # views of the old buffers are stale
         return buffers
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = len(next(iter(inputs.values()))) if inputs else 1
-        return {name: buffer[:batch] for name, buffer in self._buffers(batch).items()}
+        # The views of each batch size, made once per thread: the null model should cost nothing.
+        views = getattr(self._local, "views", None)
+        if views is None:
+            views = self._local.views = {}
+        found = views.get(batch)
+        if found is None:
+            found = views[batch] = {name: buffer[:batch] for name, buffer in self._buffers(batch).items()}
+        return dict(found)  # the caller may change its dict (a postprocess), never the cached one
 
     def _predict_routed(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         source = np.asarray(inputs[self._route])
