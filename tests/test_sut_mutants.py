@@ -168,6 +168,7 @@ def test_defaults_are_one_worker_and_batches_of_one(tmp_path: Path) -> None:
 
     responses = _loadgen(sut, staged, "Offline", tmp_path, load_and_look)
     assert [t.name for t in workers] == ["mlharness-worker-0"]
+    assert sut.completed_samples == 8
     assert all(t.daemon for t in workers)
     assert {sample: _answered(data) for sample, data in responses.items()} == {i: i for i in range(8)}
     assert sorted(backend.batches()) == [[i] for i in range(8)]
@@ -184,7 +185,9 @@ def test_worker_threads_are_daemons_named_by_index(tmp_path: Path, workers: int)
         seen.extend(t for t in threading.enumerate() if t.name.startswith("mlharness-worker-"))
         staged.load_samples(indices)
 
+    assert sut.completed_samples == 0
     _loadgen(sut, staged, "Offline", tmp_path, load)
+    assert sut.completed_samples == 8, "counted over every worker"
     assert sorted(t.name for t in seen) == [f"mlharness-worker-{i}" for i in range(workers)]
     assert all(t.daemon for t in seen)
     assert not any(t.is_alive() for t in seen), "stopped with the test"
@@ -232,6 +235,7 @@ def test_singlestream_runs_inline_and_reports_the_slot_after_the_workers(tmp_pat
     assert not any(thread.startswith("mlharness-worker-") for thread, _ in backend.got)
     assert len(observer.times) == 6
     assert {t.worker for t in observer.times} == {workers}
+    assert sut.completed_samples == 6
     for times in observer.times:
         assert len(times.sample_indices) == 1
         _assert_stamped_in_order(times)
@@ -252,6 +256,7 @@ def test_a_failing_batch_names_its_samples_and_every_later_query_completes_empty
     assert str(sut.failure) == f"samples {batches[failed_at]}: predict raised RuntimeError: boom at 5"
     assert len(batches) == failed_at + 1, "nothing is predicted after the failure"
     answered = {s for batch in batches[:failed_at] for s in batch}
+    assert sut.completed_samples == len(answered), "samples completed empty are not answered"
     for sample, data in responses.items():
         if sample in answered:
             assert _answered(data) == sample
@@ -287,6 +292,7 @@ def test_a_staging_failure_completes_every_query_empty_and_the_first_failure_sta
     responses = _loadgen(sut, staged, "Offline", tmp_path, load)
     assert sut.failure is first
     assert set(responses.values()) == {b""}
+    assert sut.completed_samples == 0
     assert backend.got == []
 
 
