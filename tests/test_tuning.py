@@ -178,3 +178,29 @@ def test_tune_refuses_bad_input_in_one_line(tmp_path: Path, capfd: pytest.Captur
     assert run_cli("tune", "no-such-model", "--scenario", "Offline", "--results-dir", tmp_path) == 1
     assert capfd.readouterr().err.startswith("mlharness: error: ")
     assert not (tmp_path / "mlharness.sqlite").exists()
+
+
+def test_a_runs_process_reads_the_database_without_writing_it(tmp_path: Path) -> None:
+    """Only the launching process writes the database: the run's own process opens it read-only and
+    leaves an older file for the next writer to migrate."""
+    import sqlite3
+
+    from harness.store.result_store import SCHEMA_VERSION, schema_version
+
+    assert ResultStore.reading(tmp_path / "none.sqlite") is None
+    path = tmp_path / "db.sqlite"
+    ResultStore(path).close()
+    store = ResultStore.reading(path)
+    assert store is not None
+    with store, pytest.raises(sqlite3.OperationalError, match="readonly"):
+        store.conn.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")
+    old = sqlite3.connect(path)
+    old.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    old.close()
+    assert ResultStore.reading(path) is None
+    check = sqlite3.connect(path)
+    assert schema_version(check) == SCHEMA_VERSION - 1  # not migrated by a reader
+    check.close()
+    key = {"model": "m", "model_sha256": "s", "system_name": "x", "backend": "null", "software": "{}",
+           "scenario": "Offline"}
+    assert tuning.lookup(tmp_path, key) is None  # no database under this results dir: untuned

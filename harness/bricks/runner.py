@@ -359,10 +359,10 @@ def _known_measurements(request: RunRequest, fp: str, keys: list[str]) -> dict[t
     """Brick measurements already in the results database for this fingerprint (read only)."""
     from harness.store import result_store
 
-    path = result_store.default_db_path(request.results_dir)
-    if not path.is_file():
+    store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
+    if store is None:
         return {}
-    with result_store.ResultStore(path, create=False) as store:
+    with store:
         return store.brick_measurements(fp, keys)
 
 
@@ -372,7 +372,10 @@ def _measured_latency(request: RunRequest) -> dict[str, Any] | None:
         return None
     from harness.store import result_store
 
-    with result_store.ResultStore(result_store.default_db_path(request.results_dir), create=False) as store:
+    store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
+    if store is None:
+        raise UserError(f"measured run {request.measured_run}: no results database to read it from")
+    with store:
         measured = store.get_record(request.measured_run)
     performance = measured.performance or {}
     p50 = performance.get("p50_latency_ns")

@@ -51,10 +51,10 @@ def lookup(results_dir: Path, key: dict[str, str]) -> dict[str, Any] | None:
     """The tuned configuration for `key` in the results directory's database (read only), or None."""
     from harness.store import result_store
 
-    path = result_store.default_db_path(results_dir)
-    if not path.is_file():
+    store = result_store.ResultStore.reading(result_store.default_db_path(results_dir))
+    if store is None:
         return None
-    with result_store.ResultStore(path, create=False) as store:
+    with store:
         return store.get_tuned(key)
 
 

@@ -202,6 +202,26 @@ class ResultStore:
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{self.path}: not a usable results database ({exc})") from None
 
+    @classmethod
+    def reading(cls, path: Path | str) -> "ResultStore | None":
+        """The database opened read-only, as a run's own process reads it (only the launching process
+        writes): None when there is no file, or when it is at another schema version than this
+        mlharness's (an older one is migrated by the next writer, never by a reader)."""
+        path = Path(path)
+        if not path.is_file():
+            return None
+        store = cls.__new__(cls)
+        store.path = path
+        try:
+            store.conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+            store.conn.row_factory = sqlite3.Row
+            if schema_version(store.conn) != SCHEMA_VERSION:
+                store.conn.close()
+                return None
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"{path}: not a usable results database ({exc})") from None
+        return store
+
     def close(self) -> None:
         self.conn.close()
 
