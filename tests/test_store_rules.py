@@ -672,3 +672,47 @@ def test_brick_lookup_beyond_sqlites_parameter_limit(real: dict, tmp_path: Path)
         store.add_run(_bricks_run(real, "many", [_brick(k, "v", 1.0) for k in keys]))
         found = store.brick_measurements("fp-1", reversed(keys + keys[:10]))
         assert sorted(found) == [(k, "v") for k in keys]
+
+
+# ---- reading from a run's own process (read-only) ------------------------------------------------
+
+def test_reading_opens_only_a_current_database_read_only(real: dict, tmp_path: Path) -> None:
+    folder = tmp_path / "a folder with space#and hash"
+    path = folder / "runs.sqlite"
+    assert ResultStore.reading(path) is None, "no file"
+    folder.mkdir()
+    path.mkdir()
+    assert ResultStore.reading(path) is None, "not a file"
+    path.rmdir()
+    with ResultStore(path) as store:
+        store.add_run(make(real, "r1"))
+    reader = ResultStore.reading(str(path))
+    assert reader is not None and reader.path == path
+    try:
+        assert ids(reader.list_runs()) == ["r1"] and reader.get_run("r1")["run_id"] == "r1"
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader.add_run(make(real, "r2"))
+    finally:
+        reader.close()
+    with ResultStore(path) as store:
+        assert ids(store.list_runs()) == ["r1"]
+    assert sorted(p.name for p in folder.iterdir()) == ["runs.sqlite"], "nothing else created"
+
+
+@pytest.mark.parametrize("version", [1, SCHEMA_VERSION + 1])
+def test_reading_leaves_another_schema_version_alone(tmp_path: Path, version: int) -> None:
+    path = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+    before = path.read_bytes()
+    assert ResultStore.reading(path) is None
+    assert path.read_bytes() == before, "a reader never migrates"
+
+
+def test_reading_a_damaged_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.sqlite"
+    path.write_bytes(b"not a database at all " * 50)
+    with pytest.raises(UserError) as exc:
+        ResultStore.reading(path)
+    assert one_line(exc) == f"{path}: not a usable results database (file is not a database)"
