@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from harness.errors import RunInterrupted, UserError
 from harness.records import record_metrics
@@ -85,6 +85,12 @@ def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: fl
         output = Path(tmp) / "output"
         outcome = LocalLauncher(db_path=db_path.resolve(), output=output).submit(request)
         stderr = output.read_text(errors="replace")[-STDERR_KEPT_CHARS:] if output.is_file() else ""
+    return cell_result(outcome, stderr)
+
+
+def cell_result(outcome: Any, stderr: str) -> dict[str, Any]:
+    """A launcher's Outcome (harness.running.launcher, local or from a cluster node) and the run's
+    output as the sweep records it: {status, run_id, error, stderr[, exit_status]}."""
     record = outcome.record
     if outcome.kind == "result" and record is not None:
         return {"status": record.status, "run_id": record.run_id, "error": record.error, "stderr": stderr}
@@ -96,8 +102,11 @@ def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: fl
             "exit_status": outcome.exit_status}
 
 
-def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None) -> SweepResult:
-    """Run every cell x repeat not already finished in this sweep id; returns what ran."""
+def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None,
+              cells_runner: Callable[..., SweepResult] | None = None) -> SweepResult:
+    """Run every cell x repeat not already finished in this sweep id; returns what ran. `cells_runner`
+    runs the cells to do instead of this machine (harness.cluster.scheduler.run_cells: a Ray cluster);
+    it is called as cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)."""
     stream = stream or sys.stderr
     grid = load_grid(grid_path)
     cells = _with_options(grid, options)
@@ -124,6 +133,8 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
                           {"grid": grid.document, "repeat": repeat, "cells": sorted({c.key for c in cells})}, utc_now())
     print(f"sweep {sweep_id}: {len(plan)} cell run(s), {len(plan) - len(todo)} already finished, "
           f"{len(todo)} to run (timeout {timeout_s:g} s each)", file=stream)
+    if cells_runner is not None:
+        return cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)
     from harness.running.progress import Steps
 
     with Steps(len(todo), stream, quiet=options.quiet, unit="cells") as progress:
@@ -139,18 +150,23 @@ def _run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Swee
         started_at, start = utc_now(), time.monotonic()
         result = run_cell_process(cell, options.results_dir, options.db_path, timeout_s)
         seconds = time.monotonic() - start
-        with ResultStore(options.db_path) as store:
-            store.record_cell(sweep_id, cell.key, repeat_index, cell.params(), result["status"], result.get("run_id"),
-                              result.get("error"), result.get("stderr") if result["status"] != "ok" else None,
-                              started_at, utc_now(), round(seconds, 3))
-        outcomes.append(CellOutcome(cell, repeat_index, result["status"], result.get("run_id"), result.get("error"),
-                                    seconds))
+        outcomes.append(record_cell_run(options.db_path, sweep_id, cell, repeat_index, result, started_at, seconds))
         status = result["status"] if result["status"] == "ok" else f"FAILED: {result.get('error')}"
         progress.finished(label, status, seconds)
         if result.get("exit_status", 0) > 128:  # Ctrl-C or SIGTERM: the cell is recorded, the sweep stops
             raise RunInterrupted(f"sweep {sweep_id} interrupted; {len(outcomes)} cell run(s) recorded, "
                                  f"resume with the same command", result["exit_status"])
     return SweepResult(sweep_id, len(plan), len(plan) - len(todo), outcomes)
+
+
+def record_cell_run(db_path: Path, sweep_id: str, cell: Cell, repeat_index: int, result: dict[str, Any],
+                    started_at: str, seconds: float) -> CellOutcome:
+    """Store one cell run's result (cell_result's dict) in the sweep's table; the failed ones with their stderr."""
+    with ResultStore(db_path) as store:
+        store.record_cell(sweep_id, cell.key, repeat_index, cell.params(), result["status"], result.get("run_id"),
+                          result.get("error"), result.get("stderr") if result["status"] != "ok" else None,
+                          started_at, utc_now(), round(seconds, 3))
+    return CellOutcome(cell, repeat_index, result["status"], result.get("run_id"), result.get("error"), seconds)
 
 
 # ---- reading a sweep back --------------------------------------------------------------------

@@ -21,7 +21,8 @@ from specs.validation import load_yaml
 GRID_SCHEMA_VERSION = 1
 GRID_KEYS = frozenset({"schema_version", "name", "description", "models", "backends", "datasets", "hardware",
                        "software", "scenarios", "mode", "batch_sizes", "threads", "settings", "set", "quick",
-                       "presets", "user_conf", "repeat", "timeout", "exclude", "profile"})
+                       "presets", "user_conf", "repeat", "timeout", "exclude", "profile",
+                       "cluster"})  # cluster: {cells_per_node: N}, read by harness.cluster.resources
 MODEL_KEYS = frozenset({"name", "backends", "datasets", "set"})
 # Axis names usable in `exclude` entries besides setting keys.
 CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario")
