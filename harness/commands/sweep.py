@@ -15,7 +15,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
                            repeat=args.repeat, timeout_s=args.timeout, quick=True if args.quick else None,
                            extra_settings=args.set or [], dry_run=args.dry_run, quiet=args.quiet)
-    result = run_sweep(Path(args.grid), options)
+    runner = None
+    if args.cluster and not args.dry_run:
+        runner = _cluster_runner(args.cluster)
+    try:
+        result = run_sweep(Path(args.grid), options, cells_runner=runner)
+    finally:
+        if runner is not None:
+            from harness.cluster.ray_launcher import disconnect
+
+            disconnect()
     if args.dry_run:
         return 0
     with ResultStore(options.db_path) as store:
@@ -26,6 +35,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print("best configuration per scenario and model:")
     print(best_table(rows))
     return 1 if failed and args.strict else 0
+
+
+def _cluster_runner(address: str):  # noqa: ANN202 - harness.cluster.scheduler.run_cells
+    """--cluster: connect to the Ray cluster (a one-line error without the `cluster` extra)."""
+    import sys
+
+    from harness.cluster.ray_launcher import connect
+
+    print(f"cluster: {connect(address)}", file=sys.stderr)
+    from harness.cluster.scheduler import run_cells
+
+    return run_cells
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,5 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and whether they are finished")
     sweep.add_argument("--strict", action="store_true", help="exit 1 when any cell failed")
     sweep.add_argument("--quiet", action="store_true", help="no live progress (each cell's line is still printed)")
+    sweep.add_argument("--cluster", metavar="ADDRESS",
+                       help="run the cells on a Ray cluster: ray (the local one, started if none), ray://HOST:PORT "
+                            "or HOST:PORT; nodes join with `mlharness node` (docs/cluster.md; needs mlharness[cluster])")
     add_db_arguments(sweep)
     sweep.set_defaults(func=cmd_sweep)

@@ -1,0 +1,326 @@
+"""Sweeps on a real Ray cluster on loopback (docs/cluster.md): a head and a second node started by
+`mlharness node` as processes of their own, drivers run as processes of their own (`mlharness sweep
+--cluster`), the null model's short cells. Placement is read from the records; a node is killed
+mid-sweep; a driver gets SIGINT and the sweep resumes; the same grid without --cluster gives the same
+records. Every Ray process started here is killed at teardown (by its session: `ray start --block`
+and its workers share one)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness.store.result_store import ResultStore
+from tests.support import REPO, run_cli
+
+ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
+
+B_SYSTEM = "loopback-b"  # the second node answers to this system name too (mlharness node --system)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, root: Path):
+        self.root = root
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="mlh-ray-", dir="/tmp"))  # short: Ray's socket paths
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(root),
+                        # a lost node is noticed within a couple of seconds, not Ray's default 15 to 30
+                        RAY_health_check_period_ms="500", RAY_health_check_timeout_ms="1000",
+                        RAY_health_check_failure_threshold="3")
+
+    def start(self, name: str, *args: str) -> None:
+        where = ["--head", "--port", str(self.port)] if not self.nodes else ["--address", self.address]
+        ray_args = ["--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1"]
+        if not self.nodes:
+            ray_args += ["--temp-dir", str(self.ray_tmp), "--include-dashboard", "false",
+                         "--ray-client-server-port", str(_free_port())]
+        log = open(self.root / f"node-{name}.log", "wb")
+        self.nodes[name] = subprocess.Popen(
+            [sys.executable, "-m", "harness.cli", "node", *where, "--name", name, *args, "--", *ray_args],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+        log.close()
+        deadline = time.monotonic() + 60
+        while b"Ray runtime started" not in (self.root / f"node-{name}.log").read_bytes():
+            assert self.nodes[name].poll() is None, (self.root / f"node-{name}.log").read_text()
+            assert time.monotonic() < deadline, f"node {name} did not start"
+            time.sleep(0.2)
+
+    def session_pids(self, name: str) -> list[int]:
+        sid = self.nodes[name].pid  # start_new_session: the node's session id is its pid
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getsid(int(entry)) == sid:
+                        found.append(int(entry))
+                except OSError:
+                    pass
+        return found
+
+    def kill(self, name: str) -> None:
+        for pid in self.session_pids(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.nodes[name].wait()
+
+    def stop(self) -> None:
+        for name in reversed(list(self.nodes)):
+            self.kill(name)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = time.monotonic()
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start("head")
+        cluster.start("n2", "--system", B_SYSTEM)
+        print(f"cluster of 2 nodes started in {time.monotonic() - started:.1f} s")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def hardware(folder: Path, name: str, system: str | None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(f"kind: hardware\nname: {name}\nversion: 1.0.0\ndevice: cpu\n"
+                    + (f"system: {system}\n" if system else ""))
+    return path
+
+
+def write_grid(path: Path, name: str, hardware_axis: list[str], scenarios: str = "[Offline, SingleStream]",
+               batch_sizes: str = "[4, 8]", min_duration: int = 200) -> Path:
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        quick: true
+        timeout: 120
+        models: ["null"]
+        scenarios: {scenarios}
+        hardware: [{", ".join(hardware_axis)}]
+        batch_sizes: {batch_sizes}
+        set: {{min_duration: {min_duration}}}
+        """))
+    return path
+
+
+def driver(cluster: Cluster, cwd: Path, *args: str, progress: bool = False) -> subprocess.Popen:
+    env = dict(cluster.env, TMPDIR=str(cwd))
+    if progress:
+        env |= {"MLHARNESS_PROGRESS": "on", "MLHARNESS_PROGRESS_INTERVAL": "0.3"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", *args, "--cluster", cluster.address],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def sweep(cluster: Cluster, cwd: Path, *args: str) -> tuple[int, str, str]:
+    process = driver(cluster, cwd, *args)
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+def cells(db: Path, sweep_id: str) -> list[dict]:
+    with ResultStore(db) as store:
+        rows = [dict(row) for row in store.sweep_cells(sweep_id)]
+        for row in rows:
+            row["params"] = json.loads(row["params_json"])
+            row["record"] = store.get_run(row["run_id"]) if row["run_id"] else None
+    return rows
+
+
+def test_a_grid_runs_on_two_nodes_placed_by_hardware_and_matches_a_local_sweep(cluster: Cluster, tmp_path: Path) -> None:
+    any_cpu = hardware(tmp_path / "hw", "any-cpu", None)
+    on_b = hardware(tmp_path / "hw", "on-b", B_SYSTEM)
+    grid = write_grid(tmp_path / "grid.yaml", "two-nodes", [str(any_cpu), str(on_b)], batch_sizes="[4, 8]")
+    results = tmp_path / "results"
+    started = time.monotonic()
+    code, out, err = sweep(cluster, tmp_path, str(grid), "--results-dir", str(results))
+    print(f"8 cells on the cluster in {time.monotonic() - started:.1f} s")
+    assert code == 0, err
+    assert "cluster: 2 node(s): head, n2" in err
+    assert "sweep two-nodes: 8 ran now, 0 skipped as finished, 0 failed" in out
+    rows = cells(results / "mlharness.sqlite", "two-nodes")
+    assert len(rows) == 8 and all(row["status"] == "ok" for row in rows)
+    for row in rows:
+        record = row["record"]
+        node = record["system"]["cluster_node"]
+        # Placement: a cell whose hardware names the system loopback-b ran on the node answering to it.
+        assert node["name"] in ("head", "n2")
+        if row["params"]["hardware"] == str(on_b):
+            assert node["name"] == "n2", row["params"]
+        # The record is the node's (its detected system), its files are in the driver's tree.
+        assert record["system"]["hostname"] == socket.gethostname() and record["system_name"]
+        folder = Path(record["results_path"])
+        assert folder.parent.name == "runs" and folder.is_relative_to(results.resolve()), folder
+        written = json.loads((folder / "run.json").read_text())
+        assert written["results_path"] == str(folder) and written["system"]["cluster_node"] == node
+        assert (folder / "performance" / "run_1" / "mlperf_log_summary.txt").is_file()
+        assert (results / f"{record['system_name']}.json").is_file()
+    for scenario in ("Offline", "SingleStream"):  # the MLPerf-shaped view, rebuilt by the driver
+        (view,) = results.glob(f"*/null/{scenario}/run.json")
+        assert json.loads(view.read_text())["status"] == "ok"
+
+    # The same grid on this machine alone: the same records, modulo timings, ids and paths.
+    local = tmp_path / "local"
+    assert run_cli("sweep", grid, "--results-dir", local) == 0
+    local_rows = cells(local / "mlharness.sqlite", "two-nodes")
+    by_key = {(row["cell_key"], row["repeat_index"]): comparable(row["record"]) for row in local_rows}
+    assert set(by_key) == {(row["cell_key"], row["repeat_index"]) for row in rows}
+    for row in rows:
+        theirs = by_key[(row["cell_key"], row["repeat_index"])]
+        assert comparable(row["record"]) == theirs, differences(comparable(row["record"]), theirs)
+
+
+TIMING_KEYS = {"run_id", "started_at", "finished_at", "results_path", "performance", "cold_start"}
+
+
+def differences(a: object, b: object, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in differences(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def comparable(record: dict) -> dict:
+    """A record without what differs from run to run: ids, times, paths, measured figures, and the
+    cluster node (the one thing a cluster run adds)."""
+    kept = {k: v for k, v in record.items() if k not in TIMING_KEYS}
+    kept["system"] = {k: v for k, v in record["system"].items() if k != "cluster_node"}
+    settings = json.loads(json.dumps(record["settings"]))
+    # SingleStream's expected latency may come from the warm-up's measured latency (layer `measured`).
+    if settings.get("origin", {}).get("target_latency") == "measured":
+        settings["loadgen"].pop("target_latency", None)
+        settings.get("notes", {}).pop("target_latency", None)
+    kept["settings"] = settings
+    # LoadGen's warnings are about timing too ("Logging allocation detected: tid: ...", "CAS failed").
+    kept["loadgen"] = {mode: {k: v for k, v in logged.items() if k != "warnings"}
+                       for mode, logged in record["loadgen"].items()}
+    return kept
+
+
+def test_a_cell_no_node_can_run_is_unschedulable_at_once(cluster: Cluster, tmp_path: Path) -> None:
+    nowhere = hardware(tmp_path / "hw", "nowhere", "no-such-system")
+    grid = write_grid(tmp_path / "grid.yaml", "nowhere", ["cpu", str(nowhere)], scenarios="[Offline]",
+                      batch_sizes="[4]")
+    results = tmp_path / "results"
+    code, out, err = sweep(cluster, tmp_path, str(grid), "--results-dir", str(results))
+    assert code == 0, err
+    rows = {row["params"].get("hardware", "cpu"): row for row in cells(results / "mlharness.sqlite", "nowhere")}
+    assert rows["cpu"]["status"] == "ok"
+    stuck = rows[str(nowhere)]
+    assert stuck["status"] == "unschedulable" and stuck["run_id"] is None and stuck["seconds"] == 0
+    assert "no node of the cluster has mlharness_system:no-such-system" in stuck["error"]
+    assert "(nodes: head: mlharness_node:head, " in stuck["error"]  # what each node has, for the user to compare
+    assert "; n2: mlharness_node:n2, " in stuck["error"] and stuck["error"].endswith(f"mlharness_system:{B_SYSTEM})")
+    assert "UNSCHEDULABLE" in err
+
+
+def launcher_children(cluster: Cluster, name: str) -> list[int]:
+    """The cell processes (harness.running.launcher children) started by a node's Ray workers."""
+    import psutil
+
+    workers = set(cluster.session_pids(name))
+    found = []
+    for process in psutil.process_iter(["cmdline", "ppid"]):
+        cmdline = process.info["cmdline"] or []
+        if "harness.running.launcher" in cmdline and process.info["ppid"] in workers:
+            found.append(process.pid)
+    return found
+
+
+def test_a_node_killed_mid_cell_loses_no_cell(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start("n3", "--system", B_SYSTEM)  # a node of its own to kill
+    try:
+        on_b = hardware(tmp_path / "hw", "on-b", B_SYSTEM)
+        grid = write_grid(tmp_path / "grid.yaml", "killed", [str(on_b)], scenarios="[Offline]",
+                          batch_sizes="[4, 8, 16]", min_duration=1200)
+        results = tmp_path / "results"
+        started = time.monotonic()
+        process = driver(cluster, tmp_path, str(grid), "--results-dir", str(results))
+        deadline = time.monotonic() + 60
+        while not launcher_children(cluster, "n3"):  # a cell is running on n3
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        cluster.kill("n3")
+        out, err = process.communicate(timeout=120)
+        print(f"3 cells, one node killed, in {time.monotonic() - started:.1f} s")
+    finally:
+        cluster.kill("n3")
+    assert process.returncode == 0, err
+    assert re.search(r"node n3 lost while running the cell \(\w+", err), err
+    rows = cells(results / "mlharness.sqlite", "killed")
+    assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), [(r["status"], r["error"]) for r in rows]
+    retried = [row for row in rows if row["error"]]
+    assert len(retried) == 1 and retried[0]["error"].startswith("node n3 lost while running the cell")
+    assert "; retried on node n2" in retried[0]["error"]
+    # Every cell ran to its end on the node left that matches its hardware (head does not).
+    assert {row["record"]["system"]["cluster_node"]["name"] for row in rows} == {"n2"}
+    with ResultStore(results / "mlharness.sqlite") as store:
+        assert len(store.list_runs()) == 3  # the lost attempt left nothing here (its node kept its folder)
+
+
+def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(cluster: Cluster,
+                                                                                tmp_path: Path) -> None:
+    grid = write_grid(tmp_path / "grid.yaml", "stopped", ["cpu"], scenarios="[Offline]",
+                      batch_sizes="[2, 4, 8, 16, 32]", min_duration=1200)
+    results = tmp_path / "results"
+    db = results / "mlharness.sqlite"
+    scratch_before = set(cluster.root.glob("mlharness-node-cell-*"))  # the nodes' TMPDIR
+    process = driver(cluster, tmp_path, str(grid), "--results-dir", str(results))
+    deadline = time.monotonic() + 90
+    while not db.exists() or not cells(db, "stopped"):  # a cell finished
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert re.search(r"sweep stopped interrupted; (\d) cell run\(s\) recorded, (\d) cancelled on their nodes", err), err
+    finished = {row["cell_key"] for row in cells(db, "stopped")}
+    assert 1 <= len(finished) < 5 and all(row["status"] == "ok" for row in cells(db, "stopped"))
+    time.sleep(1.0)
+    assert not launcher_children(cluster, "head") and not launcher_children(cluster, "n2")  # cancelled there
+    # ...and their tasks ended cleanly there: no scratch folder left on the nodes
+    assert set(cluster.root.glob("mlharness-node-cell-*")) == scratch_before
+
+    code, out, err = sweep(cluster, tmp_path, str(grid), "--results-dir", str(results))
+    assert code == 0, err
+    assert f"5 cell run(s), {len(finished)} already finished, {5 - len(finished)} to run" in err
+    rows = cells(db, "stopped")
+    assert len(rows) == 5 and all(row["status"] == "ok" for row in rows)
+    with ResultStore(db) as store:
+        assert len(store.list_runs()) == 5  # no finished cell ran again
+
+
+def test_without_ray_cluster_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
+    grid = write_grid(tmp_path / "grid.yaml", "noray", ["cpu"], scenarios="[Offline]", batch_sizes="[4]")
+    code = ("import sys; sys.modules['ray'] = None\n"  # `import ray` fails as where it is not installed
+            "from harness.cli import main\n"
+            f"sys.exit(main(['sweep', {str(grid)!r}, '--cluster', 'ray']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 1
+    assert done.stderr == ("mlharness: error: ray is not installed (needed for --cluster and mlharness node "
+                           "(sweeps on a Ray cluster)); pip install 'mlharness[cluster]'\n")
+    assert not (tmp_path / "results").exists()
