@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "issue_queue.h"
 #include "loadgen_entry.h"
 
 /* Below this many bytes a copy takes less time than handing the GIL to another thread and waiting to
@@ -523,7 +524,8 @@ PyMODINIT_FUNC PyInit__native(void)
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "NativeHandoff", (PyObject *)&NativeHandoffType) < 0) {
+    if (PyModule_AddObjectRef(module, "NativeHandoff", (PyObject *)&NativeHandoffType) < 0 ||
+        issue_queue_register(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

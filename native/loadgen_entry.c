@@ -35,7 +35,7 @@ static int in_file(uint64_t offset, uint64_t length, uint64_t size)
     return offset <= size && length <= size - offset;
 }
 
-static int find_symbol(const unsigned char *image, uint64_t size, const ElfW(Sym) **found,
+static int find_symbol(const unsigned char *image, uint64_t size, const char *wanted, const ElfW(Sym) **found,
                        const ElfW(Shdr) **found_section, char *why, size_t why_len)
 {
     if (size < sizeof(ElfW(Ehdr)))
@@ -69,19 +69,29 @@ static int find_symbol(const unsigned char *image, uint64_t size, const ElfW(Sym
                 continue;
             /* Bounded compare: the name must end inside the string table. */
             size_t room = strings->sh_size - symbol->st_name;
-            if (room < sizeof(k_symbol) || memcmp(names + symbol->st_name, k_symbol, sizeof(k_symbol)) != 0)
+            size_t wanted_size = strlen(wanted) + 1;
+            if (room < wanted_size || memcmp(names + symbol->st_name, wanted, wanted_size) != 0)
                 continue;
             if (symbol->st_shndx == SHN_UNDEF || symbol->st_shndx >= header->e_shnum)
-                return fail(why, why_len, "%s is not defined in a section", k_symbol);
+                return fail(why, why_len, "%s is not defined in a section", wanted);
             *found = symbol;
             *found_section = &sections[symbol->st_shndx];
             return 0;
         }
     }
-    return fail(why, why_len, "%s not in the symbol table (stripped module?)", k_symbol);
+    return fail(why, why_len, "%s not in the symbol table (stripped module?)", wanted);
 }
 
 int lg_entry_resolve(const void *address_in_module, lg_complete_fn *fn, char *why, size_t why_len)
+{
+    void *found = NULL;
+    if (lg_symbol_resolve(address_in_module, k_symbol, &found, why, why_len) != 0)
+        return -1;
+    memcpy(fn, &found, sizeof(*fn)); /* POSIX: object and function pointers share a size */
+    return 0;
+}
+
+int lg_symbol_resolve(const void *address_in_module, const char *wanted, void **out, char *why, size_t why_len)
 {
     Dl_info info;
     struct link_map *map = NULL;
@@ -105,14 +115,14 @@ int lg_entry_resolve(const void *address_in_module, lg_complete_fn *fn, char *wh
 
     const ElfW(Sym) *symbol = NULL;
     const ElfW(Shdr) *section = NULL;
-    int status_code = find_symbol(mapped, size, &symbol, &section, why, why_len);
+    int status_code = find_symbol(mapped, size, wanted, &symbol, &section, why, why_len);
     if (status_code == 0) {
         uint64_t compare = symbol->st_size < k_compare_bytes ? symbol->st_size : k_compare_bytes;
         if (section->sh_type != SHT_PROGBITS || !(section->sh_flags & SHF_EXECINSTR) || compare == 0 ||
             symbol->st_value < section->sh_addr || symbol->st_value - section->sh_addr > section->sh_size ||
             section->sh_size - (symbol->st_value - section->sh_addr) < compare ||
             !in_file(section->sh_offset + (symbol->st_value - section->sh_addr), compare, size)) {
-            status_code = fail(why, why_len, "%s has an unexpected location", k_symbol);
+            status_code = fail(why, why_len, "%s has an unexpected location", wanted);
         } else {
             const unsigned char *in_memory = (const unsigned char *)(map->l_addr + symbol->st_value);
             const unsigned char *on_disk =
@@ -121,8 +131,7 @@ int lg_entry_resolve(const void *address_in_module, lg_complete_fn *fn, char *wh
             if (memcmp(in_memory, on_disk, compare) != 0) {
                 status_code = fail(why, why_len, "%s: code in memory differs from the file", info.dli_fname);
             } else {
-                uintptr_t address = (uintptr_t)in_memory;
-                memcpy(fn, &address, sizeof(*fn)); /* POSIX: object and function pointers share a size */
+                *out = (void *)in_memory;
             }
         }
     }

@@ -29,4 +29,7 @@ typedef void (*lg_complete_fn)(lg_response *responses, size_t count);
  * symbol table that does not describe the mapped object, is refused. */
 int lg_entry_resolve(const void *address_in_module, lg_complete_fn *fn, char *why, size_t why_len);
 
+/* Any function symbol (mangled name) of that shared object, checked the same way. */
+int lg_symbol_resolve(const void *address_in_module, const char *symbol, void **out, char *why, size_t why_len);
+
 #endif

@@ -87,3 +87,27 @@ def load_handoff(preference: str | None = None) -> Handoff:
     from harness.errors import UserError
 
     raise UserError(f"MLHARNESS_HANDOFF={choice!r}: expected 'native' or 'python'")
+
+
+def load_issue_queue(scenario: str, preference: str | None = None) -> tuple[object | None, str]:
+    """(queue, why) for LoadGen's issue path: a sut._native.IssueQueue for Server (LoadGen's C SUT fills
+    it without the GIL) unless MLHARNESS_ISSUE=python or the extension cannot reach LoadGen's C
+    interface; else (None, why) and the SUT is called through the Python binding. Other scenarios
+    always use the binding: SingleStream runs inline, Offline issues once, MultiStream rarely."""
+    choice = (preference or os.environ.get("MLHARNESS_ISSUE") or "native").lower()
+    if choice not in ("native", "python"):
+        from harness.errors import UserError
+
+        raise UserError(f"MLHARNESS_ISSUE={choice!r}: expected 'native' or 'python'")
+    if scenario != "Server":
+        return None, f"python (the native issue path serves Server; this is {scenario})"
+    if choice == "python":
+        return None, "python (MLHARNESS_ISSUE=python)"
+    try:
+        from sut import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None, "python (the C extension sut._native is not built)"
+    try:
+        return _native.IssueQueue(), "native"
+    except RuntimeError as exc:
+        return None, f"python ({exc})"

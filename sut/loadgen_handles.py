@@ -16,7 +16,10 @@ def loadgen_handles(sut: Any, total: int, performance_count: int,
 
     sut.start()
     try:
-        lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
+        queue = getattr(sut, "issue_queue", None)
+        # The native issue path: LoadGen's C SUT fills the queue without the GIL (native/issue_queue.c).
+        lg_sut = queue.construct_sut("mlharness") if queue is not None else \
+            lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
         try:
             qsl = lg.ConstructQSL(total, performance_count, load, unload)
             try:
@@ -25,6 +28,9 @@ def loadgen_handles(sut: Any, total: int, performance_count: int,
                 sut.stop()  # workers first: nothing may complete against a destroyed handle
                 lg.DestroyQSL(qsl)
         finally:
-            lg.DestroyFastSUT(lg_sut)
+            if queue is not None:
+                queue.destroy_sut(lg_sut)
+            else:
+                lg.DestroyFastSUT(lg_sut)
     finally:
         sut.stop()  # idempotent: covers a failure before the QSL existed

@@ -76,7 +76,8 @@ class SystemUnderTest:
     def __init__(self, *, backend: Backend, staged: StagedSamples, handoff: Handoff, scenario: str,
                  postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
                  ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
-                 observer: BatchObserver | None = None, result_spec: TensorSpec | None = None):
+                 observer: BatchObserver | None = None, result_spec: TensorSpec | None = None,
+                 issue_queue: Any = None, batch_wait_s: float = 0.0):
         self.backend = backend
         self.staged = staged
         self.handoff = handoff
@@ -90,6 +91,11 @@ class SystemUnderTest:
         self.result_contract = ResultContract(result_spec) if result_spec is not None else None
         self.failure: SampleError | BaseException | None = None
         self.inline = scenario in INLINE_SCENARIOS
+        # The native issue path (Server): LoadGen's C SUT fills `issue_queue` (sut._native.IssueQueue)
+        # without the GIL, and the workers take batches from it, waiting up to batch_wait_s for a batch
+        # to fill. None: LoadGen calls issue_query through the Python binding.
+        self.issue_queue = None if self.inline else issue_queue
+        self.batch_wait_s = max(0.0, float(batch_wait_s))
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
@@ -127,12 +133,15 @@ class SystemUnderTest:
     def start(self) -> None:
         if self.inline:
             return
+        serve = self._serve if self.issue_queue is None else self._serve_native
         for worker in range(self.workers):
-            thread = threading.Thread(target=self._serve, args=(worker,), name=f"mlharness-worker-{worker}", daemon=True)
+            thread = threading.Thread(target=serve, args=(worker,), name=f"mlharness-worker-{worker}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
     def stop(self) -> None:
+        if self.issue_queue is not None:
+            self.issue_queue.close()
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
@@ -166,6 +175,21 @@ class SystemUnderTest:
                 self._complete_empty(ids)
             else:
                 self._run_batch(worker, ids, indices, issued)
+
+    def _serve_native(self, worker: int) -> None:
+        """A worker of the native issue path: batches from the IssueQueue, taken with the GIL released."""
+        take, limit, wait = self.issue_queue.take, self.max_batch_size, self.batch_wait_s
+        while True:
+            taken = take(limit, 0.1, wait)
+            if taken is None:
+                return  # closed: the test is over
+            ids, indices = taken
+            if not ids:
+                continue
+            if self.failure is not None:
+                self._complete_empty(ids)
+            else:
+                self._run_batch(worker, ids, indices, time.perf_counter_ns() if self.observer is not None else 0)
 
     def _inputs_for(self, worker: int, rows: np.ndarray) -> dict[str, np.ndarray]:
         arrays = self.staged.arrays

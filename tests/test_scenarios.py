@@ -82,9 +82,11 @@ def test_the_run_records_the_cpus_it_may_use(tmp_path: Path) -> None:
 
 
 def test_a_run_without_a_results_dir_stays_in_the_tests_folder(tmp_path: Path) -> None:
-    """The suite is hermetic (tests/conftest.py): no MLHARNESS_* from outside but the shared cache,
-    and a command's default `results/` (with its database) lands in the test's own folder."""
-    assert {v for v in os.environ if v.startswith("MLHARNESS_")} == {"MLHARNESS_CACHE"}
+    """The suite is hermetic (tests/conftest.py): no MLHARNESS_* from outside but the shared cache and
+    the display turned off, and a command's default `results/` (with its database) lands in the test's
+    own folder."""
+    assert {v for v in os.environ if v.startswith("MLHARNESS_")} == {"MLHARNESS_CACHE", "MLHARNESS_PROGRESS"}
+    assert os.environ["MLHARNESS_PROGRESS"] == "off"
     assert Path(os.environ["MLHARNESS_CACHE"]) == tmp_path.parent / "mlharness-cache"  # shared by the session
     assert Path.cwd() == tmp_path
     assert run_cli("run", "null", "--scenario", "Offline", "--quick") == 0

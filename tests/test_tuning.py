@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.errors import UserError
-from harness.running import tuning
+from harness.running import tuned, tuning
 from harness.running.request import RunRequest
 from harness.store.result_store import ResultStore
 from tests.support import newest_run, run_cli
@@ -203,4 +203,4 @@ def test_a_runs_process_reads_the_database_without_writing_it(tmp_path: Path) ->
     check.close()
     key = {"model": "m", "model_sha256": "s", "system_name": "x", "backend": "null", "software": "{}",
            "scenario": "Offline"}
-    assert tuning.lookup(tmp_path, key) is None  # no database under this results dir: untuned
+    assert tuned.lookup(tmp_path, key) is None  # no database under this results dir: untuned

@@ -359,7 +359,10 @@ def _known_measurements(request: RunRequest, fp: str, keys: list[str]) -> dict[t
     """Brick measurements already in the results database for this fingerprint (read only)."""
     from harness.store import result_store
 
-    store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
+    try:
+        store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
+    except UserError:
+        return {}  # a damaged database: every brick is measured; storing the record says why
     if store is None:
         return {}
     with store:

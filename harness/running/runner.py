@@ -190,7 +190,7 @@ def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_
                 settings: Settings) -> Settings:
     """The settings with the tuned configuration stored for this model, system, backend and software
     (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs)."""
-    from harness.running import tuning
+    from harness.running import tuned as tuning
     from harness.running.progress import quiet_from_env
 
     if not request.use_tuned or request.mode not in ("performance", "submission"):
@@ -324,14 +324,15 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
     mode_settings = replace(settings, mode=mode)
     profile = _profile_session(request, where, mode)
     # LoadGen writes straight into the staged folder, so a run stopped mid-test keeps its logs so far.
-    failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard)
+    facts: dict[str, Any] = {}
+    failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard, facts)
     kept = results.prune_loadgen_logs(dest, drop_empty_accuracy=mode != "accuracy")
     if profile is not None:
         record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
     summary = parse_summary(dest / "mlperf_log_summary.txt")
     summary["wall_seconds"] = round(elapsed, 3)
     problems = detail_problems(dest / "mlperf_log_detail.txt")
-    record.loadgen[mode] = {"logs": kept, **problems}
+    record.loadgen[mode] = {"logs": kept, **problems, "sut": facts}
     if mode == "accuracy":
         record.loadgen[mode]["summary"] = summary
     else:
@@ -372,12 +373,24 @@ def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str)
     return profiling.new_session(request.profile, where.stage("profile"), request.scenario)
 
 
+def _batch_wait_ms(settings: Settings, options: dict[str, Any]) -> float:
+    """How long a Server worker waits for a batch to fill (harness key batch_wait_ms), never more than
+    half the latency target: a query may wait that long and still be served within the bound."""
+    wait = float(options.get("batch_wait_ms") or 0.0)
+    if settings.scenario != "Server" or wait <= 0:
+        return 0.0
+    target = settings.loadgen.get("target_latency")
+    return min(wait, float(target) / 2) if target is not None else wait
+
+
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
-                request: RunRequest, profile: Any = None, guard: Any = None) -> tuple[BaseException | None, float]:
-    """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time."""
+                request: RunRequest, profile: Any = None, guard: Any = None,
+                facts: dict[str, Any] | None = None) -> tuple[BaseException | None, float]:
+    """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time.
+    `facts` receives how the SUT was served (issue path, batch wait), for the record."""
     import mlperf_loadgen as lg
 
-    from sut.handoff import load_handoff
+    from sut.handoff import load_handoff, load_issue_queue
     from sut.loadgen_handles import loadgen_handles
     from sut.system_under_test import SystemUnderTest
 
@@ -387,10 +400,15 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     log_settings.log_output.copy_summary_to_stdout = False
     log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
     options = _harness_options(settings, runtime.model)
+    issue_queue, issue_path = load_issue_queue(settings.scenario)
+    batch_wait_ms = _batch_wait_ms(settings, options)
+    if facts is not None:
+        facts.update(issue_path=issue_path, batch_wait_ms=batch_wait_ms)
     sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
                           scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                           max_batch_size=options["max_batch_size"], workers=options["workers"],
-                          observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0])
+                          observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
+                          issue_queue=issue_queue, batch_wait_s=batch_wait_ms / 1e3)
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)

@@ -32,14 +32,16 @@ LOADGEN_KEYS = frozenset({
 # Keys the SUT reads; the rest of the harness passes them through untouched.
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
                           "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
-                          "load_timeout", "graph_optimization", "execution_mode"})
+                          "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms"})
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
                                            "execution_mode": ("sequential", "parallel")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
-HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0}
-_FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout"})
-_ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds"})
+HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
+                                    "batch_wait_ms": 0.0}
+_FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms"})
+_ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
+                           "batch_wait_ms"})
 # What a submission must not override (checked by the packager and recorded here).
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",

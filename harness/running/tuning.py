@@ -17,51 +17,17 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 from harness.errors import UserError
 from harness.records.run_record import new_run_id, utc_now
 from harness.running.request import RunRequest
+from harness.running.tuned import TUNABLE_SCENARIOS, tuning_key
 
-TUNABLE_SCENARIOS = ("Offline", "SingleStream", "MultiStream")
 MIN_GAIN = 0.02  # a candidate replaces the best only when better by more than this fraction
 PLATEAU = 2  # an ordered dimension stops after this many candidates in a row that are not better
 OBJECTIVE = {"Offline": ("samples_per_second", True), "SingleStream": ("p90_latency_ns", False),
              "MultiStream": ("p99_latency_ns", False)}
-FRAMEWORK_PACKAGE = {"onnxruntime": "onnxruntime", "torch": "torch"}
-
-
-def software_key(backend: str, versions: dict[str, str]) -> str:
-    """What a tuned configuration depends on besides the model and the system: the framework's and
-    LoadGen's versions."""
-    package = FRAMEWORK_PACKAGE.get(backend)
-    parts = {"backend": backend, "loadgen": versions.get("mlcommons-loadgen")}
-    if package:
-        parts[package] = versions.get(package)
-    return json.dumps(parts, sort_keys=True)
-
-
-def tuning_key(model: Any, system_name: str, backend: str, versions: dict[str, str], scenario: str) -> dict[str, str]:
-    return {"model": model.name, "model_sha256": model.sha256, "system_name": system_name, "backend": backend,
-            "software": software_key(backend, versions), "scenario": scenario}
-
-
-def lookup(results_dir: Path, key: dict[str, str]) -> dict[str, Any] | None:
-    """The tuned configuration for `key` in the results directory's database (read only), or None."""
-    from harness.store import result_store
-
-    store = result_store.ResultStore.reading(result_store.default_db_path(results_dir))
-    if store is None:
-        return None
-    with store:
-        return store.get_tuned(key)
-
-
-def untuned_note(model: str, scenario: str, system_name: str) -> str:
-    return (f"note: {model} is untuned for {scenario} on this system ({system_name}); `mlharness tune {model} "
-            f"--scenario {scenario}` searches its batch size, threads and session options and later runs here "
-            f"start from what it finds")
 
 
 # ---- the search ------------------------------------------------------------------------------------
