@@ -56,6 +56,9 @@ asan: setup
 	  $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/src --build-temp $(ASAN_DIR)/tmp --force
 	$(ASAN_RUN) -c "import sut._native as n; assert n.__file__.startswith('$(abspath $(ASAN_DIR))'), n.__file__"
 	$(ASAN_RUN) -m pytest -q -p no:cacheprovider --capture=sys --rootdir=$(CURDIR) $(CURDIR)/tests/test_native_handoff.py
+	# The issue queue driven directly (its run tests need the whole tree and the specs).
+	$(ASAN_RUN) -m pytest -q -p no:cacheprovider --capture=sys --rootdir=$(CURDIR) $(CURDIR)/tests/test_issue_path.py \
+	  -k "take or batch_waits"
 
 clean:
 	rm -rf $(VENV) build *.egg-info sut/_native*.so
