@@ -855,3 +855,95 @@ def test_the_run_process_dies_with_its_parent() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == signal.SIGHUP
+
+
+# ---- the run's process itself ---------------------------------------------------------------------
+# The launcher starts it as `python -m harness.running.launcher`, where the module is __main__: a
+# mutation run would neither see nor switch its code there. These tests start child_main imported.
+
+CHILD = "import sys\nfrom pathlib import Path\nfrom harness.running import launcher\nlauncher.child_main(Path(sys.argv[1]))\n"
+
+
+def start_child(workdir: Path, req: RunRequest | None, tmp: Path) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if req is not None:
+        (workdir / "request.json").write_text(req.to_json())
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, TMPDIR=str(tmp),
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(workdir)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def envelope(workdir: Path) -> Outcome:
+    return Outcome.from_dict(json.loads((workdir / "outcome.json").read_text()), "outcome.json")
+
+
+def test_the_run_process_runs_the_request_and_writes_its_outcome(tmp_path: Path, private_tmp: Path) -> None:
+    results, workdir = tmp_path / "results", tmp_path / "w"
+    child = start_child(workdir, RunRequest(model="null", scenario="Offline", quick=True, results_dir=results,
+                                            timeout=60), private_tmp)
+    assert child.wait(120) == 0, child.stderr.read()
+    outcome = envelope(workdir)
+    assert (outcome.kind, outcome.error, outcome.exit_status) == ("result", None, 0)
+    assert outcome.record.status == "ok" and Path(outcome.record.results_path).parent.name == "runs"
+    start = json.loads((workdir / "started.json").read_text())
+    assert start["run_id"] == outcome.record.run_id
+    assert Path(start["staging"]).name == f".staging-{outcome.record.run_id}" and not Path(start["staging"]).exists()
+
+
+def test_the_run_process_turns_errors_into_envelopes(tmp_path: Path, private_tmp: Path) -> None:
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "request.json").write_text(json.dumps({"schema_version": 99, "request": {}}))
+    child = start_child(newer, None, private_tmp)
+    assert child.wait(60) == 1
+    outcome = envelope(newer)
+    assert outcome.kind == "error" and outcome.record is None and outcome.traceback_path is None
+    assert outcome.error.startswith("run request schema_version 99 is newer than this mlharness reads")
+
+    missing = tmp_path / "missing"
+    child = start_child(missing, None, private_tmp)  # no request.json at all: a bug, with its traceback
+    assert child.wait(60) == 1
+    outcome = envelope(missing)
+    assert outcome.error.startswith("internal error: FileNotFoundError: ")
+    assert Path(outcome.traceback_path).parent == private_tmp
+    assert "FileNotFoundError" in Path(outcome.traceback_path).read_text()
+
+
+@pytest.mark.parametrize("how, status, why", [
+    (signal.SIGTERM, 128 + signal.SIGTERM, "interrupted by SIGTERM"),
+    (signal.SIGINT, 128 + signal.SIGINT, "interrupted by SIGINT"),
+    (signal.SIGHUP, 1, "the launching process ended"),
+    ("timeout", 1, "timed out after 2 s"),
+], ids=["SIGTERM", "SIGINT", "SIGHUP", "timeout"])
+def test_the_run_process_stops_itself(tmp_path: Path, private_tmp: Path, how: object, status: int, why: str) -> None:
+    """A signal (or the run's timeout) mid-run: the run's process fails the run itself, keeps its
+    logs, writes the envelope and exits with the status the CLI will use. SIGHUP means the
+    launching process is gone, so the run stores its own record."""
+    results, workdir = tmp_path / "results", tmp_path / "w"
+    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results,
+                     timeout=2 if how == "timeout" else 120)
+    child = start_child(workdir, req, private_tmp)
+    try:
+        if how != "timeout":
+            deadline = time.monotonic() + 60
+            while not list(results.rglob(".staging-*/owner.json")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # the test under way
+            os.kill(child.pid, how)
+        assert child.wait(60) == status, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    outcome = envelope(workdir)
+    assert outcome.kind == "error" and outcome.exit_status == status
+    assert outcome.error == f"run failed: {why} (logs kept in {outcome.record.results_path})"
+    assert outcome.record.status == "failed" and outcome.record.error == why
+    assert (Path(outcome.record.results_path) / "run.json").is_file()
+    stored = (results / "mlharness.sqlite").is_file()
+    assert stored is (how == signal.SIGHUP), "only a run whose launcher is gone stores itself"
+    if stored:
+        with ResultStore(results / "mlharness.sqlite", create=False) as store:
+            assert store.get_record(outcome.record.run_id).error == why
