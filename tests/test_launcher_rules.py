@@ -750,7 +750,13 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results, timeout=120)
-    when_claimed(results, lambda: os.kill(os.getpid(), signal.SIGINT))
+    workfolders: list[str] = []
+
+    def look_then_interrupt() -> None:
+        workfolders.extend(p.name for p in private_tmp.iterdir())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    when_claimed(results, look_then_interrupt)
     began = time.monotonic()
     # A grace so long that only the run stopping itself (not the parent's kill) ends it in time.
     outcome = LocalLauncher(grace=60, db_path=db, output=tmp_path / "out.txt").submit(req)
@@ -762,6 +768,8 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
         assert store.get_record(outcome.record.run_id).status == "failed"
     assert {sig: signal.getsignal(sig) for sig in before} == before
     assert not list(results.rglob(".staging-*"))
+    assert len(workfolders) == 1 and workfolders[0].startswith("mlharness-launch-"), workfolders
+    assert list(private_tmp.iterdir()) == [], "the work folder goes with the run"
 
 
 def test_a_run_past_its_timeout_is_failed_by_its_own_process(tmp_path: Path, private_tmp: Path) -> None:
@@ -855,6 +863,10 @@ def test_the_run_process_dies_with_its_parent() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == signal.SIGHUP
+    # The parent died before the request took effect (its pid is no longer our parent's): SIGHUP now.
+    code = "from harness.running import launcher\nlauncher._PARENT_PID = -1\nlauncher._die_with_parent()\nprint('alive')\n"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGHUP and "alive" not in done.stdout
 
 
 # ---- the run's process itself ---------------------------------------------------------------------
