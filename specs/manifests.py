@@ -125,6 +125,22 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class GenerationSpec:
+    """How a generative model (a causal LM) answers a prompt: `generation:` of a model manifest."""
+
+    max_new_tokens: int
+    decoding: str = "greedy"  # the only decoding built so far; seeded sampling is not
+    chat_template: bool = True  # wrap each prompt in the tokenizer's chat template as one user turn
+    system_prompt: str | None = None  # the system turn; None: the template's own default
+    stop: tuple[str, ...] = ()  # stop strings besides the tokenizer's end-of-sequence token
+    context_window: int | None = None  # tokens; None: the model's own (max_position_embeddings)
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_new_tokens": self.max_new_tokens, "decoding": self.decoding, "chat_template": self.chat_template,
+                "system_prompt": self.system_prompt, "stop": list(self.stop), "context_window": self.context_window}
+
+
+@dataclass(frozen=True)
 class ModelManifest(Manifest):
     description: str = ""
     framework: str = ""
@@ -141,6 +157,7 @@ class ModelManifest(Manifest):
     attributes: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, Any] = field(default_factory=dict)
     default_dataset: str | None = None
+    generation: GenerationSpec | None = None  # set for a generative model (a causal LM, sut.llm)
 
 
 @dataclass(frozen=True)
@@ -289,7 +306,7 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
     doc = doc if isinstance(doc, dict) else {}
     check.unknown_keys(doc, "", (
         "kind", "name", "version", "description", "framework", "mlperf_benchmark", "inputs", "outputs",
-        "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset"))
+        "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset", "generation"))
     framework = check.get(doc, "framework", "", dict, "a mapping {name, version}") or {}
     check.unknown_keys(framework, "framework", ("name", "version"))
     fw_name = check.one_of(framework, "name", "framework", known_names("framework")) if isinstance(doc.get("framework"), dict) else ""
@@ -341,6 +358,7 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
         check.fail("sources.graph", "an ONNX graph {uri, sha256} for framework onnxruntime")
     if fw_name == "torch" and not (factory or "torchscript" in sources_doc):
         check.fail("sources.module", "a module factory (with weights) or sources.torchscript for framework torch")
+    generation = _generation(check, doc, fw_name or "", sources_doc)
     attributes = check.get(doc, "attributes", "", dict, "a mapping", False, {}) or {}
     accuracy = check.get(doc, "accuracy", "", dict, "a mapping {metric, ...}", False, {}) or {}
     if accuracy:
@@ -355,7 +373,57 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
         preprocess=_code(check, doc, "preprocess", "", False),
         postprocess=_code(check, doc, "postprocess", "", False),
         attributes=attributes, accuracy=accuracy,
-        default_dataset=check.get(doc, "dataset", "", str, "a default dataset name", False)))
+        default_dataset=check.get(doc, "dataset", "", str, "a default dataset name", False),
+        generation=generation))
+
+
+# -- generative models (issue 19) ------------------------------------------------------------------
+GENERATIVE_FRAMEWORKS = ("transformers",)  # backends that generate tokens (sut.llm); they need `generation:`
+DECODINGS = ("greedy",)
+
+
+def _generation(check: Checker, doc: dict, fw_name: str, sources_doc: dict) -> GenerationSpec | None:
+    """`generation: {max_new_tokens, decoding, chat_template, system_prompt, stop, context_window}`;
+    required by (and only allowed with) a generative framework, which also needs sources.weights."""
+    raw = doc.get("generation")
+    generative = fw_name in GENERATIVE_FRAMEWORKS
+    if generative and "weights" not in sources_doc:
+        check.fail("sources.weights", f"the model's weights {{uri, sha256}} (a GGUF file) for framework {fw_name}")
+    if raw is None:
+        if generative:
+            check.fail("generation", f"a mapping {{max_new_tokens, decoding, ...}} for framework {fw_name}")
+        return None
+    if not generative:
+        check.fail("generation", f"no generation settings for framework {fw_name or '?'} "
+                   f"(generative frameworks: {', '.join(GENERATIVE_FRAMEWORKS)})", "a mapping")
+        return None
+    if not isinstance(raw, dict):
+        check.fail("generation", "a mapping {max_new_tokens, decoding, chat_template, system_prompt, stop, "
+                   "context_window}", raw)
+        return None
+    check.unknown_keys(raw, "generation", ("max_new_tokens", "decoding", "chat_template", "system_prompt", "stop",
+                                           "context_window"))
+    max_new = check.get(raw, "max_new_tokens", "generation", int, "a positive token count")
+    if max_new is not None and max_new <= 0:
+        check.fail("generation.max_new_tokens", "a positive token count", max_new)
+    decoding = raw.get("decoding", "greedy")
+    if decoding not in DECODINGS:
+        check.fail("generation.decoding", "'greedy' (seeded sampling is not built yet)", decoding)
+    chat = check.get(raw, "chat_template", "generation", bool, "true or false", False, True)
+    system = check.get(raw, "system_prompt", "generation", str, "the text of the system turn", False)
+    stop = check.get(raw, "stop", "generation", list, "a list of stop strings", False, []) or []
+    if not all(isinstance(item, str) and item for item in stop):
+        check.fail("generation.stop", "a list of non-empty stop strings", stop)
+    window = check.get(raw, "context_window", "generation", int, "a positive token count", False)
+    if window is not None and window <= 0:
+        check.fail("generation.context_window", "a positive token count", window)
+    if window is not None and max_new is not None and 0 < window <= max_new:
+        check.fail("generation.context_window", f"more tokens than max_new_tokens ({max_new})", window)
+    if max_new is None or max_new <= 0 or decoding not in DECODINGS:
+        return None
+    return GenerationSpec(max_new_tokens=max_new, decoding=str(decoding), chat_template=bool(chat),
+                          system_prompt=system, stop=tuple(s for s in stop if isinstance(s, str)),
+                          context_window=window)
 
 
 def parse_dataset(doc: Any, path: Path, sha: str) -> DatasetManifest:

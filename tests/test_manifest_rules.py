@@ -56,7 +56,7 @@ BASE: dict[str, dict[str, Any]] = {
     "reference": {"kind": "reference", "name": "r", "version": "1.0.0", "backend": "null",
                   "model": {"name": "m", "version": "1.0.0"}, "dataset": {"name": "d", "version": "1.0.0"}},
 }
-FRAMEWORKS = "['onnxruntime', 'torch', 'null']"
+FRAMEWORKS = "['onnxruntime', 'torch', 'null', 'transformers']"
 ELEMENTS = "['float32', 'float16', 'float64', 'int64', 'int32', 'int8', 'uint8', 'bool']"
 KINDS = "['dataset', 'hardware', 'model', 'reference', 'software']"
 TRUNCATED_SHA = repr(SHA)[:57] + "..."
@@ -112,7 +112,7 @@ ERRORS = [
     # model: top level and framework
     case("model", {"output_tensors": []},
          "output_tensors: expected no such field (allowed: accuracy, attributes, dataset, description, framework, "
-         "inputs, kind, mlperf_benchmark, name, outputs, postprocess, preprocess, result, sources, version)"),
+         "generation, inputs, kind, mlperf_benchmark, name, outputs, postprocess, preprocess, result, sources, version)"),
     case("model", {"framework": DEL}, "framework: expected a mapping {name, version} (required field is missing)"),
     case("model", {"framework": {}}, f"framework.name: expected one of {FRAMEWORKS} (required field is missing)"),
     case("model", {"framework.name": ""}, f"framework.name: expected one of {FRAMEWORKS} (required field is missing)"),

@@ -18,9 +18,11 @@ _REGISTRY: dict[str, Target] = {
     "onnxruntime": "sut.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "torch": "sut.backends.torch_backend:TorchBackend",
     "null": "sut.backends.null_backend:NullBackend",
+    # A generative model (a causal LM, manifests with `generation:`): runs through sut.llm, token by token.
+    "transformers": "sut.backends.llm_transformers:TransformersLLMBackend",
 }
 # name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
-_EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch"}
+_EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch", "transformers": "llm"}
 # name -> entry point not loaded yet; read at first use, loaded when its backend is created.
 
 
