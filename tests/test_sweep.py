@@ -189,9 +189,12 @@ def test_grid_axes_and_exclude(tmp_path: Path) -> None:
     assert len({c.key for c in cells}) == len(cells)
 
 
-def test_legacy_cells_keep_their_keys() -> None:
-    """Cells that use none of the manifest axes hash as before they existed, so resumed sweeps match."""
-    grid = load_grid(REPO / "scenarios" / "sweep-example.yaml")
+def test_legacy_cells_keep_their_keys(tmp_path: Path) -> None:
+    """Cells that use none of the manifest axes hash as before they existed, so resumed sweeps match
+    (the example grid as it was shipped then: the null model's SingleStream latency was 0.01 ms)."""
+    then = (REPO / "scenarios" / "sweep-example.yaml").read_text().replace("target_latency: 0.002", "target_latency: 0.01")
+    (tmp_path / "sweep-example.yaml").write_text(then)
+    grid = load_grid(tmp_path / "sweep-example.yaml")
     keys = {c.label(): c.key for c in grid.cells}
     assert keys["resnet50-light/default/Offline max_batch_size=1"] == "fc51d80f4566aff4"
     assert keys["null/default/SingleStream max_batch_size=8 target_latency=0.01"] == "acf4acbec6da9bad"
