@@ -62,6 +62,9 @@ def format_summary(record) -> str:
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
             if key in perf:
                 lines.append(f"  {key} : {perf[key]}")
+        from harness.records.token_metrics import summary_lines as token_lines
+
+        lines.extend(token_lines(perf))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
     lines.extend(_cold_start_lines(record.cold_start or {}))
     for mode, logged in record.loadgen.items():
         for error in logged.get("errors", [])[:3]:

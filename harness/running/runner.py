@@ -128,6 +128,8 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     detected = system_mod.detect_system()
     system_name = system_mod.system_name(detected, hardware.device)
     settings = _with_tuned(request, model, backend_name, system_name, settings)
+    if model.generation is not None:
+        _token_mode(settings)
     run_id = new_run_id()
     where = results.scenario_dir(Path(request.results_dir), system_name, model.name, request.scenario, run_id)
     record = RunRecord(
@@ -144,6 +146,8 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         from sut.runtime import build_runtime
 
         options = _harness_options(settings, model)
+        if model.generation is not None:  # a generative model: sut.llm (issue 19)
+            from sut.llm.runtime import build_llm_runtime as build_runtime  # noqa: F811
         runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
         record.artifacts = runtime.artifacts
@@ -155,8 +159,14 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
-        record.cold_start.update(first_inference_and_warm_up(
-            runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
+        if getattr(runtime, "generative", False):
+            from sut.llm.runtime import first_generation_and_warm_up
+
+            record.cold_start.update(first_generation_and_warm_up(
+                runtime, int(options["warmup_queries"]), float(options["warmup_seconds"])))
+        else:
+            record.cold_start.update(first_inference_and_warm_up(
+                runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
         warmed()
         _expect_measured_latency(settings, record.cold_start, request.scenario)
         record.settings = settings.as_record()
@@ -225,6 +235,14 @@ def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], sce
                  f"the warm-up ({warmup['queries']} queries, {per_query_ms:.4g} ms a query)")
     if "measured" not in settings.layers:
         settings.layers.append("measured")
+
+
+def _token_mode(settings: Settings) -> None:
+    """A generative model runs in LoadGen's token mode: TTFT and TPOT measured per token."""
+    if settings.loadgen.get("use_token_latencies") != "1":
+        settings.set("use_token_latencies", 1, "generative", "a generative model (LoadGen's token mode)")
+        if "generative" not in settings.layers:
+            settings.layers.append("generative")
 
 
 def check_device(backend_name: str, hardware: Any) -> None:
@@ -350,6 +368,17 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
 
 def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy_mod.AccuracyReport:
     model, dataset = runtime.model, runtime.dataset
+    if getattr(runtime, "generative", False):  # generated token ids, decoded to text (issue 19)
+        from harness.running import llm_accuracy
+
+        spec = dataset.evaluation or model.accuracy
+        report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", runtime.backend.decode, runtime.labels, spec,
+                                    str(dataset.path if dataset.evaluation else model.path), reference,
+                                    model.result or model.outputs[0])
+        if reference is not None:
+            report.notes = stale_reference_notes(reference, model, dataset)
+        write_text(dest / "accuracy.txt", report.text())
+        return report
     result_spec = model.result or model.outputs[0]
     decoded = accuracy_mod.decode_accuracy_log(dest / "mlperf_log_accuracy.json", result_spec,
                                                model.attributes.get("dims"))
@@ -404,11 +433,18 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     batch_wait_ms = _batch_wait_ms(settings, options)
     if facts is not None:
         facts.update(issue_path=issue_path, batch_wait_ms=batch_wait_ms)
-    sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
-                          scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
-                          max_batch_size=options["max_batch_size"], workers=options["workers"],
-                          observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
-                          issue_queue=issue_queue, batch_wait_s=batch_wait_ms / 1e3)
+    if getattr(runtime, "generative", False):  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
+        from sut.llm.token_sut import TokenStreamingSUT
+
+        sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario)
+        if facts is not None:
+            facts.update(issue_path="python", batch_wait_ms=0.0)  # the token SUT takes LoadGen's Python callback
+    else:
+        sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
+                              scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
+                              max_batch_size=options["max_batch_size"], workers=options["workers"],
+                              observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
+                              issue_queue=issue_queue, batch_wait_s=batch_wait_ms / 1e3)
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)

@@ -1,0 +1,56 @@
+"""Accuracy of a generative model (issue 19): LoadGen's accuracy log holds each sample's generated token
+ids (int64); the engine's tokenizer turns them into text, and the metric scores the text against the
+dataset's labels. `exact_match`: the answer's first word, lower-cased and stripped of punctuation,
+must equal the label (the prompt asks for one word; a missing or different word is wrong).
+
+This module imports no framework: the runner hands it the engine's `decode`."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from harness.atomic_io import write_text
+from harness.running import accuracy as accuracy_mod
+from harness.running.metrics import MetricResult, metric
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def answer_word(text: str) -> str:
+    """The first word of a generated answer, lower case, without punctuation ('' when there is none)."""
+    match = _WORD.search(text.lower())
+    return match.group(0) if match else ""
+
+
+@metric("exact_match")
+def exact_match(outputs: Mapping[int, Any], labels: Sequence[Any], params: dict[str, Any]) -> MetricResult:
+    """`outputs`: sample index -> generated text. Fraction of samples whose answer word is the label."""
+    hits, total, answers = 0, 0, {}
+    for index, text in sorted(outputs.items()):
+        if not isinstance(text, str):
+            raise TypeError(f"exact_match scores generated text; sample {index} is {type(text).__name__} "
+                            f"(a generative model's tokens must be decoded first)")
+        word = answer_word(text)
+        answers[word] = answers.get(word, 0) + 1
+        hits += word == str(labels[index]).lower()
+        total += 1
+    value = hits / total if total else 0.0
+    return MetricResult({"exact_match": value}, f"exact_match={100 * value:.3f}% ({hits}/{total})",
+                        {"answers": answers})
+
+
+def score(log: Path, decode: Callable[[np.ndarray], str], labels: Sequence[Any], spec: dict[str, Any], where: str,
+          reference: Any, result_spec: Any) -> accuracy_mod.AccuracyReport:
+    """Decode the accuracy log's token ids, score the texts, compare with the reference log (its accuracy
+    values, and its `outputs`: token ids a sample must start with), write generations.jsonl beside it."""
+    tokens = accuracy_mod.decode_accuracy_log(log, result_spec)
+    texts = {index: decode(ids) for index, ids in tokens.items()}
+    lines = [json.dumps({"sample": i, "label": labels[i], "answer": answer_word(texts[i]), "text": texts[i],
+                         "tokens": [int(t) for t in tokens[i]]}) for i in sorted(texts)]
+    write_text(log.with_name("generations.jsonl"), "\n".join(lines) + "\n")
+    scored = accuracy_mod.evaluate(texts, labels, spec, where)  # type: ignore[arg-type]
+    return accuracy_mod.compare(scored, reference, tokens, spec["metric"])
