@@ -716,3 +716,45 @@ def test_reading_a_damaged_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError) as exc:
         ResultStore.reading(path)
     assert one_line(exc) == f"{path}: not a usable results database (file is not a database)"
+
+
+# ---- tuned configurations (schema 4) --------------------------------------------------------------
+
+TUNED_KEY = {"model": "null", "model_sha256": "a" * 64, "system_name": "sys", "backend": "onnxruntime",
+             "software": "onnxruntime-1.0", "scenario": "Offline"}
+
+
+def test_a_tuned_configuration_is_stored_replaced_and_found_by_its_key(tmp_path: Path) -> None:
+    with db(tmp_path) as store:
+        assert store.get_tuned(TUNED_KEY) is None and store.list_tuned() == []
+        trials = [{"settings": {"threads": 2}, "value": 10.5, "path": Path("/p")}]
+        store.put_tuned(TUNED_KEY, {"threads": 2, "batch": 8}, "offline.samples_per_second", 123.5, trials, "t1",
+                        "2026-01-01T00:00:00")
+        found = store.get_tuned(TUNED_KEY)
+        assert found == {**TUNED_KEY, "settings": {"batch": 8, "threads": 2}, "figure_name": "offline.samples_per_second",
+                         "figure_value": 123.5, "trials": [{"path": "/p", "settings": {"threads": 2}, "value": 10.5}],
+                         "tuning_id": "t1", "created_at": "2026-01-01T00:00:00"}
+        raw = store.conn.execute("SELECT settings_json, trials_json FROM tuned_configs").fetchone()
+        assert raw["settings_json"] == '{"batch": 8, "threads": 2}'
+        assert raw["trials_json"] == '[{"path": "/p", "settings": {"threads": 2}, "value": 10.5}]'
+        # Every part of the key but the model's name decides; the name alone does not.
+        for part in ("model_sha256", "system_name", "backend", "software", "scenario"):
+            assert store.get_tuned(TUNED_KEY | {part: "other"}) is None, part
+        assert store.get_tuned(TUNED_KEY | {"model": "renamed"})["tuning_id"] == "t1"
+        # Tuned again: replaced.
+        store.put_tuned(TUNED_KEY, {"threads": 4}, "offline.samples_per_second", None, [], "t2", "2026-01-02T00:00:00")
+        again = store.get_tuned(TUNED_KEY)
+        assert (again["settings"], again["figure_value"], again["trials"], again["tuning_id"]) == ({"threads": 4}, None, [], "t2")
+        store.put_tuned(TUNED_KEY | {"scenario": "SingleStream"}, {"threads": 1}, "singlestream.p90_ms", 1.5, [], "t3",
+                        "2026-01-03T00:00:00")
+        listed = store.list_tuned()
+        assert [(t["tuning_id"], t["settings"]) for t in listed] == [("t3", {"threads": 1}), ("t2", {"threads": 4})]
+        assert listed[0]["scenario"] == "SingleStream" and listed[0]["figure_value"] == 1.5
+
+
+def test_a_tuned_configuration_stored_without_trials_has_none(tmp_path: Path) -> None:
+    with db(tmp_path) as store:
+        store.conn.execute("INSERT INTO tuned_configs (model, model_sha256, system_name, backend, software, scenario, "
+                           "settings_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           tuple(TUNED_KEY.values()) + ('{"threads": 3}',))
+        assert store.get_tuned(TUNED_KEY)["trials"] == []
