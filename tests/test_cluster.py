@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import re
 import shutil
 import signal
@@ -43,10 +44,15 @@ class Cluster:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
-        self.env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(root),
-                        # a lost node is noticed within a couple of seconds, not Ray's default 15 to 30
-                        RAY_health_check_period_ms="500", RAY_health_check_timeout_ms="1000",
-                        RAY_health_check_failure_threshold="3")
+        # One token for this cluster's processes and the driver (this test process): Ray 2.60 turns token
+        # authentication on for local clusters, and a token left in ~/.ray by another cluster must not
+        # decide whether these nodes can join.
+        self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self.env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(root), **self.auth,
+                        # a lost node is noticed within seconds, not Ray's default 15 to 30; not faster
+                        # than that, or a busy machine's healthy node is declared dead too
+                        RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="2000",
+                        RAY_health_check_failure_threshold="4")
 
     def start(self, name: str, *args: str) -> None:
         where = ["--head", "--port", str(self.port)] if not self.nodes else ["--address", self.address]
@@ -95,6 +101,8 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = time.monotonic()
     cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    saved = {name: os.environ.get(name) for name in cluster.auth}
+    os.environ.update(cluster.auth)  # the sweep's driver runs in this process
     try:
         cluster.start("head")
         cluster.start("n2", "--system", B_SYSTEM)
@@ -102,6 +110,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def hardware(folder: Path, name: str, system: str | None) -> Path:
