@@ -203,7 +203,8 @@ def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_
     from harness.running import tuned as tuning
     from harness.running.progress import quiet_from_env
 
-    if not request.use_tuned or request.mode not in ("performance", "submission"):
+    if not request.use_tuned or request.mode not in ("performance", "submission") or \
+            getattr(model, "generation", None) is not None:  # tune does not search generative models
         return settings
     key = tuning.tuning_key(model, system_name, backend, system_mod.software_versions(), request.scenario)
     found = tuning.lookup(Path(request.results_dir), key)
