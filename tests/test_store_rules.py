@@ -758,3 +758,23 @@ def test_a_tuned_configuration_stored_without_trials_has_none(tmp_path: Path) ->
                            "settings_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
                            tuple(TUNED_KEY.values()) + ('{"threads": 3}',))
         assert store.get_tuned(TUNED_KEY)["trials"] == []
+
+
+def test_a_reader_waits_for_a_writers_exclusive_lock(real: dict, tmp_path: Path) -> None:
+    """A writer holding the database exclusively for 6 s (past SQLite's default 5 s wait): a run's
+    own process reading it waits (up to 60 s) instead of failing with "database is locked"."""
+    path = tmp_path / "busy.sqlite"
+    with ResultStore(path) as store:
+        store.add_run(make(real, "r1"))
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(6.0, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        reader = ResultStore.reading(path)
+        assert reader is not None
+        with reader:
+            assert ids(reader.list_runs()) == ["r1"]
+    finally:
+        release.join()
+        holder.close()
