@@ -240,10 +240,14 @@ class ConfidenceRule:
     min_repeats: int = 10
     warmup_repeats: int = 3
     time_cap: float = 2.0  # seconds of timed calls per measurement
+    # Warm-up also lasts at least this long: a fresh session's first calls of a microsecond kernel are
+    # slower (caches, the thread pool waking), and three of them are not enough to pass that.
+    warmup_seconds: float = 0.02
 
     def describe(self) -> dict[str, Any]:
         return {"confidence": 0.95, "tolerance": self.tolerance, "min_repeats": self.min_repeats,
-                "warmup_repeats": self.warmup_repeats, "time_cap_seconds": self.time_cap}
+                "warmup_repeats": self.warmup_repeats, "warmup_seconds": self.warmup_seconds,
+                "time_cap_seconds": self.time_cap}
 
 
 @dataclass(frozen=True)
@@ -278,14 +282,18 @@ class Sampler:
     the bricks that matter most for more calls). Milliseconds."""
 
     def __init__(self, call: Callable[[], Any], before_each: Callable[[], Any] | None = None,
-                 setup_seconds: float = 0.0, warmup_repeats: int = 3):
+                 setup_seconds: float = 0.0, warmup_repeats: int = 3, warmup_seconds: float = 0.0):
         self.call, self.before_each = call, before_each
         self.times: list[float] = []
         self.timed = 0.0  # seconds inside the timed calls
         self.seconds = setup_seconds  # wall seconds spent, set-up and warm-up included
         started = time.perf_counter()
-        for _ in range(warmup_repeats):
+        calls = 0
+        while calls < warmup_repeats or time.perf_counter() - started < warmup_seconds:
+            if before_each is not None:
+                before_each()
             call()
+            calls += 1
         self.seconds += time.perf_counter() - started
 
     def extend(self, count: int) -> None:
@@ -314,7 +322,7 @@ def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float 
             before_each: Callable[[], Any] | None = None) -> Measurement:
     """Time `call` until the rule is met (see ConfidenceRule); milliseconds. `before_each` runs before
     every call, untimed."""
-    sampler = Sampler(call, before_each, setup_seconds, rule.warmup_repeats)
+    sampler = Sampler(call, before_each, setup_seconds, rule.warmup_repeats, rule.warmup_seconds)
     sampler.extend(rule.min_repeats)
     while not sampler.stable(rule.tolerance) and sampler.timed < rule.time_cap:
         # Check every max(min_repeats, n / 10) calls, and never run far past the cap.

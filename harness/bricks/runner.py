@@ -203,7 +203,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             call, fresh = sb.fresh_inputs_call(session, brick.feed)
             fresh = sb.evicting(fresh, brick, model_weights)
             if name == main_variant:  # a first sample now; the estimate's rule decides how many more
-                sampler = sb.Sampler(call, fresh, setup, rule.warmup_repeats)
+                sampler = sb.Sampler(call, fresh, setup, rule.warmup_repeats, rule.warmup_seconds)
                 sampler.extend(rule.min_repeats)
                 samplers[brick.key] = sampler
                 continue
