@@ -326,11 +326,13 @@ def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float 
     sampler.extend(rule.min_repeats)
     while not sampler.stable(rule.tolerance) and sampler.timed < rule.time_cap:
         # Check every max(min_repeats, n / 10) calls, and never run far past the cap.
-        sampler.extend(max(1, min(max(rule.min_repeats, len(sampler.times) // 10), _calls_left(sampler, rule.time_cap))))
+        sampler.extend(max(1, min(max(rule.min_repeats, len(sampler.times) // 10), calls_left(sampler, rule.time_cap))))
     return sampler.measurement(rule.tolerance)
 
 
-def _calls_left(sampler: Sampler, cap: float) -> int:
+def calls_left(sampler: Any, cap: float) -> int:
+    """About how many more calls of `sampler` (its `times` and `timed` so far) fit before its timed
+    calls reach `cap` seconds; at least 1."""
     per_call = sampler.timed / max(len(sampler.times), 1)
     return int((cap - sampler.timed) / per_call) + 1 if per_call > 0 else 10**6
 

@@ -301,7 +301,7 @@ def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: 
     rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls,
     all of them together at whole_model_cap (the cap the whole model is measured with).
     Returns the final half-width (ms)."""
-    from sut.bricks import median_ci
+    from sut.bricks import calls_left, median_ci
 
     def terms() -> tuple[list[compose.Term], dict[str, float]]:
         out, weights = [], {}
@@ -325,9 +325,7 @@ def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: 
             return halfwidth
         key = max(open_keys, key=lambda k: weights[k])
         sampler = samplers[key]
-        per_call = sampler.timed / max(len(sampler.times), 1)
-        left = int((rule.time_cap - sampler.timed) / per_call) + 1 if per_call > 0 else 10**6
-        sampler.extend(max(1, min(max(rule.min_repeats, len(sampler.times) // 2), left)))
+        sampler.extend(max(1, min(max(rule.min_repeats, len(sampler.times) // 2), calls_left(sampler, rule.time_cap))))
 
 
 def variant_name(threads: int, level: str, provider: str) -> str:
