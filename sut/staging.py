@@ -34,6 +34,11 @@ class SampleError(UserError):
         super().__init__(f"{which}: {stage} {what}")
 
 
+def _never_loaded(indices: list[int]) -> SampleError:
+    """The error for samples LoadGen issued that LoadQuerySamples never staged."""
+    return SampleError(indices, "staging", LookupError("sample was issued but never loaded by LoadQuerySamples"))
+
+
 def shape_text(shape: Sequence[int | str]) -> str:
     """A shape as Python prints a tuple, symbolic dims by name: (3, 224, 224), (sequence,), ()."""
     dims = [str(d) for d in shape]
@@ -173,14 +178,14 @@ class StagedSamples:
         rows, views = self._single
         row = rows[index]
         if row < 0:
-            raise SampleError([index], "staging", LookupError("sample was issued but never loaded by LoadQuerySamples"))
+            raise _never_loaded([index])
         return views[row]
 
     def rows(self, indices: Sequence[int]) -> np.ndarray:
         rows = self.row_of[np.asarray(indices, dtype=np.int64)]
         if rows.size and rows.min() < 0:
             missing = [int(i) for i, r in zip(indices, rows) if r < 0][:5]
-            raise SampleError(missing, "staging", LookupError("sample was issued but never loaded by LoadQuerySamples"))
+            raise _never_loaded(missing)
         return rows
 
     def labels(self) -> list[Any]:

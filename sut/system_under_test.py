@@ -72,7 +72,26 @@ class ResultContract:
                                                          f"the manifest declares {declared_text(self.spec, 'row')}")
 
 
-class SystemUnderTest:
+class FirstFailure:
+    """A SUT's first failure, kept once under a lock (the tensor SUT here, the token SUT in sut.llm):
+    once set, every query completes empty so LoadGen ends, and the runner raises it. The SUT sets
+    `failure = None` and `_fail_lock` in its __init__."""
+    failure: BaseException | None
+    _fail_lock: threading.Lock
+
+    def _fail(self, sample_indices: Sequence[int], stage: str, exc: BaseException) -> None:
+        with self._fail_lock:
+            if self.failure is None:
+                self.failure = exc if isinstance(exc, SampleError) else SampleError(sample_indices, stage, exc)
+
+    def fail_staging(self, exc: BaseException) -> None:
+        """LoadQuerySamples failed: remember it; every query from now on completes empty."""
+        with self._fail_lock:
+            if self.failure is None:
+                self.failure = exc
+
+
+class SystemUnderTest(FirstFailure):
     def __init__(self, *, backend: Backend, staged: StagedSamples, handoff: Handoff, scenario: str,
                  postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
                  ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
@@ -240,17 +259,6 @@ class SystemUnderTest:
         if observed:
             self.observer.batch(BatchTimes(worker, sample_indices, issued, started, gathered, predicted,
                                            postprocessed, clock()))
-
-    def _fail(self, sample_indices: Sequence[int], stage: str, exc: BaseException) -> None:
-        with self._fail_lock:
-            if self.failure is None:
-                self.failure = exc if isinstance(exc, SampleError) else SampleError(sample_indices, stage, exc)
-
-    def fail_staging(self, exc: BaseException) -> None:
-        """LoadQuerySamples failed: remember it; every query from now on completes empty."""
-        with self._fail_lock:
-            if self.failure is None:
-                self.failure = exc
 
     def _complete_empty(self, query_ids: Sequence[int]) -> None:
         lg = self._lg

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sut.staging import SampleError
+from sut.system_under_test import FirstFailure
 
 
-class TokenStreamingSUT:
+class TokenStreamingSUT(FirstFailure):
     def __init__(self, *, backend: Any, prompts: Any, scenario: str):
         import mlperf_loadgen as lg
 
@@ -97,16 +97,6 @@ class TokenStreamingSUT:
             self._fail([index], stage, exc)
             if stage != "complete":
                 self._complete_empty([query_id], first_token_sent=bool(reported))
-
-    def _fail(self, sample_indices: Sequence[int], stage: str, exc: BaseException) -> None:
-        with self._fail_lock:
-            if self.failure is None:
-                self.failure = exc if isinstance(exc, SampleError) else SampleError(sample_indices, stage, exc)
-
-    def fail_staging(self, exc: BaseException) -> None:
-        with self._fail_lock:
-            if self.failure is None:
-                self.failure = exc
 
     def _complete_empty(self, query_ids: Sequence[int], first_token_sent: bool = False) -> None:
         """Complete with empty responses. In token mode LoadGen 6.0.17 crashes (SIGSEGV, seen in
