@@ -116,6 +116,8 @@ def _settings_request(request: RunRequest) -> RunRequest:
 
 def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: results.ScenarioDir) -> dict[str, Any]:
     """Decompose, benchmark (or reuse) every brick and its variants, compose; writes bricks.json."""
+    import numpy as np
+
     from sut import bricks as sb
     from sut.warmup import prepare_batch
 
@@ -159,8 +161,6 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     empties: dict[str, float] = {}
     for variant_threads in sorted({threads} | {v[0] for v in variants}):
         session = sb.new_session(empty_model, options_for(variant_threads, sb.AS_EXECUTED), providers[:1])
-        import numpy as np
-
         empties[str(variant_threads)] = sb.measure(sb.session_call(session, {"x": np.zeros(1, np.float32)}),
                                                    sb.ConfidenceRule(time_cap=0.5)).median_ms
     # The whole model, in a plain session with the run's options: its median, and how long it took to
