@@ -378,7 +378,7 @@ def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
 
 
 # -- generative models (issue 19) ------------------------------------------------------------------
-GENERATIVE_FRAMEWORKS = ("transformers",)  # backends that generate tokens (sut.llm); they need `generation:`
+GENERATIVE_FRAMEWORKS = ("transformers", "llama_cpp")  # backends that generate tokens (sut.llm); they need `generation:`
 DECODINGS = ("greedy",)
 
 
