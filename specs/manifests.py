@@ -3,41 +3,34 @@ validated on load, and carries the sha256 of its file so that every result names
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.metadata
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pydantic import ValidationError
+
 from harness.errors import UserError
-from specs.validation import NAME, SEMVER, SHA256, Checker, load_yaml
-
-ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
-CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
-SOURCE_ROLES = ("graph", "weights", "module", "torchscript", "files")
-
-
-# -- names the runtime owns ------------------------------------------------------------------------
-# The spec layer checks names that runtime registries own (framework names: sut.backends; conversion
-# targets: sut.conversion). Each owner registers a function returning its current names; until one
-# has, the owner is imported by name when a manifest first needs the names (the owners register
-# names only and import no framework), so that the spec layer never imports the runtime itself.
-NAME_OWNERS = {"framework": "sut.backends", "conversion target": "sut.conversion"}
-_NAME_SOURCES: dict[str, Callable[[], list[str]]] = {}
-
-
-def register_names(kind: str, source: Callable[[], list[str]]) -> None:
-    """The runtime's registry of `kind` (a key of NAME_OWNERS) hands the spec layer its names."""
-    _NAME_SOURCES[kind] = source
-
-
-def known_names(kind: str) -> list[str]:
-    """The names a manifest may use for `kind`, asked of the registry that owns them."""
-    if kind not in _NAME_SOURCES:
-        importlib.import_module(NAME_OWNERS[kind])  # registers its source
-    return list(_NAME_SOURCES[kind]())
+from specs import schema
+from specs.schema import (  # noqa: F401  (the names other modules read here)
+    CODE_REF,
+    DECODINGS,
+    DEVICE,
+    DIM_NAME,
+    ELEMENT_TYPES,
+    GENERATIVE_FRAMEWORKS,
+    SOURCE_ROLES,
+)
+from specs.validation import (  # noqa: F401  (runtime registries register their names here)
+    _NAME_SOURCES,
+    NAME_OWNERS,
+    ManifestError,
+    _short,
+    known_names,
+    load_yaml,
+    problems_from,
+    register_names,
+)
 
 
 # -- entry points (third-party backends, metrics, tracers, in the manner of pyperf's hooks) --------
@@ -208,368 +201,103 @@ class ReferenceLog(Manifest):
     outputs: tuple[dict[str, Any], ...] = ()
 
 
-def _common(check: Checker, doc: Any, kind: str) -> tuple[str, str]:
-    if not isinstance(doc, dict):
-        check.fail("", f"a mapping with kind: {kind}", doc)
-        return "", ""
-    got_kind = doc.get("kind")
-    if got_kind != kind:
-        check.fail("kind", repr(kind), got_kind)
-    name = check.pattern(doc, "name", "", NAME, "a name of letters, digits, '.', '_' or '-'") or ""
-    version = check.pattern(doc, "version", "", SEMVER, "a semantic version such as 1.0.0") or ""
-    return name, version
+# -- from a validated document (specs.schema) to the frozen manifest the runtime uses -----------------
+
+def _artifact(doc: schema.Artifact) -> Artifact:
+    if doc.convert is not None:
+        c = doc.convert
+        return Artifact("", None, Conversion(c.source, c.to, c.opset, tuple(sorted(c.example_dims.items()))))
+    return Artifact(doc.uri or "", doc.sha256)
 
 
-def _artifact(check: Checker, doc: Any, path: str) -> Artifact | None:
-    if isinstance(doc, str):
-        check.fail(path, "a mapping {uri, sha256}", doc)
-        return None
-    if not isinstance(doc, dict):
-        check.fail(path, "a mapping {uri, sha256}", doc)
-        return None
-    check.unknown_keys(doc, path, ("uri", "sha256", "transforms", "convert"))
-    if "convert" in doc:
-        if "sha256" in doc:
-            # A conversion's bytes depend on the CPU's float kernels (weight folding), so they cannot be
-            # pinned; the conversion's output check against the source is the gate, its sha256 is recorded.
-            check.fail(f"{path}.sha256", "no sha256 on a converted artifact (its bytes depend on the machine; "
-                       "the conversion's output check verifies it and the run records its sha256)", doc["sha256"])
-        if "uri" in doc:
-            check.fail(f"{path}.uri", "either uri or convert, not both", doc["uri"])
-        conversion = _conversion(check, doc["convert"], f"{path}.convert")
-        return Artifact("", None, conversion) if conversion else None
-    sha = check.pattern(doc, "sha256", path, SHA256, "64 lowercase hex digits (sha256)")
-    uri = check.get(doc, "uri", path, str, "a path, file://, package:// or https:// URI")
-    return Artifact(uri, sha) if uri else None
+def _tensor(doc: schema.Tensor) -> TensorSpec:
+    return TensorSpec(doc.name, doc.type, doc.element_type, tuple(doc.shape), doc.layout)
 
 
-def _conversion(check: Checker, doc: Any, path: str) -> Conversion | None:
-    if not isinstance(doc, dict):
-        check.fail(path, "a mapping {from, to, opset, example_dims}", doc)
-        return None
-    check.unknown_keys(doc, path, ("from", "to", "opset", "example_dims"))
-    source = check.get(doc, "from", path, str, "the source model manifest's path, relative to this file")
-    to = check.one_of(doc, "to", path, known_names("conversion target"))
-    opset = check.get(doc, "opset", path, int, "an ONNX opset number such as 17", False)
-    if opset is not None and not 7 <= opset <= 30:
-        check.fail(f"{path}.opset", "an ONNX opset number between 7 and 30", opset)
-    dims = check.get(doc, "example_dims", path, dict, "a mapping symbolic dim -> example size", False, {}) or {}
-    for dim, size in dims.items():
-        if not (isinstance(dim, str) and DIM_NAME.match(dim)) or isinstance(size, bool) or not isinstance(size, int) \
-                or size <= 0:
-            check.fail(f"{path}.example_dims.{dim}", "a symbolic dim name mapped to a positive size", size)
-    if not source or not to:
-        return None
-    return Conversion(source, to, opset, tuple(sorted((str(k), int(v)) for k, v in dims.items() if isinstance(v, int))))
+def _metric(doc: schema.Metric | None) -> dict[str, Any]:
+    return doc.model_dump(by_alias=True) if doc is not None else {}
 
 
-def _code(check: Checker, doc: dict, key: str, path: str, required: bool) -> str | None:
-    value = check.get(doc, key, path, str, "inline Python source or module:function", required)
-    if value is None:
-        return None
-    if "\n" not in value and not CODE_REF.match(value.strip()):
-        check.fail(f"{path}.{key}" if path else key, "inline Python source (several lines) or module:function", value)
-        return None
-    return value
+def build_model(doc: schema.ModelDoc, raw: dict, path: Path, sha: str) -> ModelManifest:
+    src = doc.sources or schema.Sources()
+    sources = {key: _artifact(art) for key, art in (("graph", src.graph), ("weights", src.weights),
+                                                     ("torchscript", src.torchscript)) if art is not None}
+    sources.update({key: _artifact(art) for key, art in src.files.items()})
+    gen = doc.generation
+    return ModelManifest(
+        kind="model", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
+        description=doc.description, framework=doc.framework.name, framework_version=doc.framework.version,
+        mlperf_benchmark=doc.mlperf_benchmark, inputs=tuple(map(_tensor, doc.inputs)),
+        outputs=tuple(map(_tensor, doc.outputs)), result=_tensor(doc.result) if doc.result else None,
+        sources=sources, factory=src.module.factory if src.module else None,
+        graph_transforms=tuple(src.graph.transforms or ()) if src.graph else (),
+        preprocess=doc.preprocess, postprocess=doc.postprocess, attributes=dict(doc.attributes),
+        accuracy=_metric(doc.accuracy), default_dataset=doc.dataset,
+        generation=GenerationSpec(max_new_tokens=gen.max_new_tokens, decoding=gen.decoding,
+                                  chat_template=gen.chat_template, system_prompt=gen.system_prompt,
+                                  stop=tuple(gen.stop), context_window=gen.context_window) if gen else None)
 
 
-def _tensor(check: Checker, doc: Any, path: str) -> TensorSpec | None:
-    if not isinstance(doc, dict):
-        check.fail(path, "a mapping {name, type, element_type, shape, layout}", doc)
-        return None
-    check.unknown_keys(doc, path, ("name", "type", "element_type", "shape", "layout"))
-    name = check.get(doc, "name", path, str, "a tensor name") or ""
-    kind = check.get(doc, "type", path, str, "a tensor type such as image, tokens, probabilities", False, "tensor")
-    dtype = check.one_of(doc, "element_type", path, ELEMENT_TYPES) or "float32"
-    shape = check.get(doc, "shape", path, list, "a list of sizes and symbolic dims such as [batch, 3, 224, 224]")
-    dims: list[int | str] = []
-    for i, dim in enumerate(shape or []):
-        if isinstance(dim, bool) or not (isinstance(dim, int) and dim > 0 or isinstance(dim, str) and DIM_NAME.match(dim)):
-            check.fail(f"{path}.shape[{i}]", "a positive size or a symbolic dim name", dim)
-        else:
-            dims.append(dim)
-    layout = check.get(doc, "layout", path, str, "a layout such as NCHW", False)
-    return TensorSpec(name, kind, dtype, tuple(dims), layout)
+def build_dataset(doc: schema.DatasetDoc, raw: dict, path: Path, sha: str) -> DatasetManifest:
+    return DatasetManifest(
+        kind="dataset", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
+        description=doc.description, sources={str(key): _artifact(art) for key, art in doc.sources.items()},
+        samples=doc.samples, load=doc.load, sample_count=doc.sample_count, evaluation=_metric(doc.evaluation),
+        attributes=dict(doc.attributes))
 
 
-def _tensors(check: Checker, doc: dict, key: str) -> tuple[TensorSpec, ...]:
-    items = check.get(doc, key, "", list, "a non-empty list of tensors")
-    if items == []:
-        check.fail(key, "a non-empty list of tensors", items)
-    found = [_tensor(check, item, f"{key}[{i}]") for i, item in enumerate(items or [])]
-    return tuple(t for t in found if t is not None)
+def build_software(doc: schema.SoftwareDoc, raw: dict, path: Path, sha: str) -> SoftwareManifest:
+    return SoftwareManifest(
+        kind="software", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
+        packages={str(k): str(v or "") for k, v in doc.packages.items()},
+        environment={str(k): str(v) for k, v in doc.environment.items()})
 
 
-def parse_model(doc: Any, path: Path, sha: str) -> ModelManifest:
-    check = Checker(str(path))
-    name, version = _common(check, doc, "model")
-    doc = doc if isinstance(doc, dict) else {}
-    check.unknown_keys(doc, "", (
-        "kind", "name", "version", "description", "framework", "mlperf_benchmark", "inputs", "outputs",
-        "result", "sources", "preprocess", "postprocess", "attributes", "accuracy", "dataset", "generation"))
-    framework = check.get(doc, "framework", "", dict, "a mapping {name, version}") or {}
-    check.unknown_keys(framework, "framework", ("name", "version"))
-    fw_name = check.one_of(framework, "name", "framework", known_names("framework")) if isinstance(doc.get("framework"), dict) else ""
-    fw_version = check.get(framework, "version", "framework", str, "a version constraint such as '>=1.17'", False, "")
-    if fw_version:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-        try:
-            SpecifierSet(fw_version)
-        except InvalidSpecifier:
-            check.fail("framework.version", "a version constraint such as '>=1.17'", fw_version)
-    inputs = _tensors(check, doc, "inputs")
-    outputs = _tensors(check, doc, "outputs")
-    result = _tensor(check, doc["result"], "result") if doc.get("result") is not None else None
-    sources_doc = check.get(doc, "sources", "", dict, "a mapping of sources (graph, weights, module, torchscript, files)",
-                            required=fw_name != "null", default={}) or {}
-    check.unknown_keys(sources_doc, "sources", ("graph", "weights", "module", "torchscript", "files"))
-    sources: dict[str, Artifact] = {}
-    transforms: tuple[str, ...] = ()
-    for key in ("graph", "weights", "torchscript"):
-        if key in sources_doc:
-            art = _artifact(check, sources_doc[key], f"sources.{key}")
-            if art:
-                sources[key] = art
-    # Named extra files user code reads as ctx.sources[name] (a tokenizer, a config), verified like the rest.
-    files = check.get(sources_doc, "files", "sources", dict, "a mapping name -> {uri, sha256}", False, {}) or {}
-    for key, value in files.items():
-        if key in SOURCE_ROLES or not (isinstance(key, str) and DIM_NAME.match(key)):
-            check.fail(f"sources.files.{key}", f"a file name of letters, digits and '_', not one of {list(SOURCE_ROLES)}")
-            continue
-        art = _artifact(check, value, f"sources.files.{key}")
-        if art:
-            sources[key] = art
-    if isinstance(sources_doc.get("graph"), dict):
-        raw = sources_doc["graph"].get("transforms") or []
-        if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
-            check.fail("sources.graph.transforms", "a list of transform names", raw)
-        else:
-            transforms = tuple(raw)
-    factory = None
-    if "module" in sources_doc:
-        module = sources_doc["module"]
-        if not isinstance(module, dict):
-            check.fail("sources.module", "a mapping {factory}", module)
-        else:
-            check.unknown_keys(module, "sources.module", ("factory",))
-            factory = _code(check, module, "factory", "sources.module", True)
-    if fw_name == "onnxruntime" and "graph" not in sources_doc:
-        check.fail("sources.graph", "an ONNX graph {uri, sha256} for framework onnxruntime")
-    if fw_name == "torch" and not (factory or "torchscript" in sources_doc):
-        check.fail("sources.module", "a module factory (with weights) or sources.torchscript for framework torch")
-    generation = _generation(check, doc, fw_name or "", sources_doc)
-    attributes = check.get(doc, "attributes", "", dict, "a mapping", False, {}) or {}
-    accuracy = check.get(doc, "accuracy", "", dict, "a mapping {metric, ...}", False, {}) or {}
-    if accuracy:
-        check.get(accuracy, "metric", "accuracy", str, "a metric name such as topk")
-    return _done(check, ModelManifest(
-        kind="model", name=name, version=version, path=path, sha256=sha, doc=doc,
-        description=check.get(doc, "description", "", str, "a description", False, "") or "",
-        framework=fw_name or "", framework_version=fw_version or "",
-        mlperf_benchmark=check.get(doc, "mlperf_benchmark", "", str, "an MLPerf benchmark name", False),
-        inputs=inputs, outputs=outputs, result=result, sources=sources, factory=factory,
-        graph_transforms=transforms,
-        preprocess=_code(check, doc, "preprocess", "", False),
-        postprocess=_code(check, doc, "postprocess", "", False),
-        attributes=attributes, accuracy=accuracy,
-        default_dataset=check.get(doc, "dataset", "", str, "a default dataset name", False),
-        generation=generation))
+def build_hardware(doc: schema.HardwareDoc, raw: dict, path: Path, sha: str) -> HardwareManifest:
+    tensorrt = None
+    if doc.tensorrt is not None:
+        folder = Path(doc.tensorrt.engine_cache).expanduser() if doc.tensorrt.engine_cache else None
+        if folder is not None and not folder.is_absolute():
+            folder = path.parent / folder  # relative to the manifest, as every path in a manifest is
+        tensorrt = TensorRTOptions(enabled=doc.tensorrt.enabled, fp16=doc.tensorrt.fp16,
+                                   engine_cache=str(folder) if folder else None)
+    return HardwareManifest(
+        kind="hardware", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw, device=doc.device,
+        intra_op_threads=doc.intra_op_threads, inter_op_threads=doc.inter_op_threads,
+        cpu_affinity=tuple(doc.cpu_affinity) if doc.cpu_affinity else None, tensorrt=tensorrt)
 
 
-# -- generative models (issue 19) ------------------------------------------------------------------
-GENERATIVE_FRAMEWORKS = ("transformers", "llama_cpp")  # backends that generate tokens (sut.llm); they need `generation:`
-DECODINGS = ("greedy",)
+def build_reference(doc: schema.ReferenceDoc, raw: dict, path: Path, sha: str) -> ReferenceLog:
+    return ReferenceLog(
+        kind="reference", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
+        model=doc.model.model_dump(exclude_none=True), dataset=doc.dataset.model_dump(exclude_none=True),
+        backend=doc.backend,
+        accuracy={k: {"expected": v.expected_value, "tolerance": v.tolerance} for k, v in doc.accuracy.items()},
+        performance=dict(doc.performance), outputs=tuple(raw.get("outputs") or ()))
 
 
-def _generation(check: Checker, doc: dict, fw_name: str, sources_doc: dict) -> GenerationSpec | None:
-    """`generation: {max_new_tokens, decoding, chat_template, system_prompt, stop, context_window}`;
-    required by (and only allowed with) a generative framework, which also needs sources.weights."""
-    raw = doc.get("generation")
-    generative = fw_name in GENERATIVE_FRAMEWORKS
-    if generative and "weights" not in sources_doc:
-        check.fail("sources.weights", f"the model's weights {{uri, sha256}} (a GGUF file) for framework {fw_name}")
-    if raw is None:
-        if generative:
-            check.fail("generation", f"a mapping {{max_new_tokens, decoding, ...}} for framework {fw_name}")
-        return None
-    if not generative:
-        check.fail("generation", f"no generation settings for framework {fw_name or '?'} "
-                   f"(generative frameworks: {', '.join(GENERATIVE_FRAMEWORKS)})", "a mapping")
-        return None
-    if not isinstance(raw, dict):
-        check.fail("generation", "a mapping {max_new_tokens, decoding, chat_template, system_prompt, stop, "
-                   "context_window}", raw)
-        return None
-    check.unknown_keys(raw, "generation", ("max_new_tokens", "decoding", "chat_template", "system_prompt", "stop",
-                                           "context_window"))
-    max_new = check.get(raw, "max_new_tokens", "generation", int, "a positive token count")
-    if max_new is not None and max_new <= 0:
-        check.fail("generation.max_new_tokens", "a positive token count", max_new)
-    decoding = raw.get("decoding", "greedy")
-    if decoding not in DECODINGS:
-        check.fail("generation.decoding", "'greedy' (seeded sampling is not built yet)", decoding)
-    chat = check.get(raw, "chat_template", "generation", bool, "true or false", False, True)
-    system = check.get(raw, "system_prompt", "generation", str, "the text of the system turn", False)
-    stop = check.get(raw, "stop", "generation", list, "a list of stop strings", False, []) or []
-    if not all(isinstance(item, str) and item for item in stop):
-        check.fail("generation.stop", "a list of non-empty stop strings", stop)
-    window = check.get(raw, "context_window", "generation", int, "a positive token count", False)
-    if window is not None and window <= 0:
-        check.fail("generation.context_window", "a positive token count", window)
-    if window is not None and max_new is not None and 0 < window <= max_new:
-        check.fail("generation.context_window", f"more tokens than max_new_tokens ({max_new})", window)
-    if max_new is None or max_new <= 0 or decoding not in DECODINGS:
-        return None
-    return GenerationSpec(max_new_tokens=max_new, decoding=str(decoding), chat_template=bool(chat),
-                          system_prompt=system, stop=tuple(s for s in stop if isinstance(s, str)),
-                          context_window=window)
+BUILDERS: dict[str, Callable[[Any, dict, Path, str], Any]] = {
+    "model": build_model, "dataset": build_dataset, "software": build_software, "hardware": build_hardware,
+    "reference": build_reference}
 
 
-def parse_dataset(doc: Any, path: Path, sha: str) -> DatasetManifest:
-    check = Checker(str(path))
-    name, version = _common(check, doc, "dataset")
-    doc = doc if isinstance(doc, dict) else {}
-    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "sources", "samples", "load",
-                                 "sample_count", "evaluation", "attributes"))
-    sources_doc = check.get(doc, "sources", "", dict, "a mapping name -> {uri, sha256}", False, {}) or {}
-    sources = {}
-    for key, value in sources_doc.items():
-        art = _artifact(check, value, f"sources.{key}")
-        if art:
-            sources[str(key)] = art
-    count = check.get(doc, "sample_count", "", int, "a positive integer")
-    if count is not None and count <= 0:
-        check.fail("sample_count", "a positive integer", count)
-    evaluation = check.get(doc, "evaluation", "", dict, "a mapping {metric, ...}", False, {}) or {}
-    if evaluation:
-        check.get(evaluation, "metric", "evaluation", str, "a metric name")
-    return _done(check, DatasetManifest(
-        kind="dataset", name=name, version=version, path=path, sha256=sha, doc=doc,
-        description=check.get(doc, "description", "", str, "a description", False, "") or "",
-        sources=sources, samples=_code(check, doc, "samples", "", True) or "",
-        load=_code(check, doc, "load", "", False), sample_count=count or 0, evaluation=evaluation,
-        attributes=check.get(doc, "attributes", "", dict, "a mapping", False, {}) or {}))
-
-
-def parse_software(doc: Any, path: Path, sha: str) -> SoftwareManifest:
-    check = Checker(str(path))
-    name, version = _common(check, doc, "software")
-    doc = doc if isinstance(doc, dict) else {}
-    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "packages", "environment"))
-    packages = check.get(doc, "packages", "", dict, "a mapping package -> version constraint", False, {}) or {}
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    for pkg, spec in packages.items():
-        try:
-            SpecifierSet(str(spec) if spec is not None else "")
-        except InvalidSpecifier:
-            check.fail(f"packages.{pkg}", "a version constraint such as '==1.31.1' or '>=2.0'", spec)
-    env = check.get(doc, "environment", "", dict, "a mapping VAR -> value", False, {}) or {}
-    return _done(check, SoftwareManifest(
-        kind="software", name=name, version=version, path=path, sha256=sha, doc=doc,
-        packages={str(k): str(v or "") for k, v in packages.items()},
-        environment={str(k): str(v) for k, v in env.items()}))
-
-
-DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
-
-
-def parse_hardware(doc: Any, path: Path, sha: str) -> HardwareManifest:
-    check = Checker(str(path))
-    name, version = _common(check, doc, "hardware")
-    doc = doc if isinstance(doc, dict) else {}
-    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "device", "intra_op_threads",
-                                 "inter_op_threads", "cpu_affinity", "system", "tensorrt"))
-    device = check.pattern(doc, "device", "", DEVICE, "cpu or cuda:N") or "cpu"
-    threads = {}
-    for key in ("intra_op_threads", "inter_op_threads"):
-        value = check.get(doc, key, "", int, "a thread count >= 0 (0 = automatic)", False, 0)
-        if value is not None and value < 0:
-            check.fail(key, "a thread count >= 0 (0 = automatic)", value)
-        threads[key] = value or 0
-    affinity = check.get(doc, "cpu_affinity", "", list, "a list of CPU indices", False)
-    if affinity is not None and not all(isinstance(c, int) and c >= 0 for c in affinity):
-        check.fail("cpu_affinity", "a list of CPU indices", affinity)
-    return _done(check, HardwareManifest(
-        kind="hardware", name=name, version=version, path=path, sha256=sha, doc=doc, device=device,
-        cpu_affinity=tuple(affinity) if affinity else None, tensorrt=_tensorrt(check, doc, path, device),
-        **threads))
-
-
-def _tensorrt(check: Checker, doc: dict, path: Path, device: str) -> TensorRTOptions | None:
-    """`tensorrt: {enabled, fp16, engine_cache}`: the onnxruntime backend's TensorRT provider on a cuda device."""
-    raw = doc.get("tensorrt")
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        check.fail("tensorrt", "a mapping {enabled, fp16, engine_cache}", raw)
-        return None
-    check.unknown_keys(raw, "tensorrt", ("enabled", "fp16", "engine_cache"))
-    enabled = check.get(raw, "enabled", "tensorrt", bool, "true or false", False, True)
-    fp16 = check.get(raw, "fp16", "tensorrt", bool, "true or false", False, False)
-    cache = check.get(raw, "engine_cache", "tensorrt", str, "a folder for built engines (relative to this file)",
-                      False)
-    if cache is not None and not cache.strip():
-        check.fail("tensorrt.engine_cache", "a folder for built engines (relative to this file)", cache)
-        cache = None
-    if enabled and not device.startswith("cuda:"):
-        check.fail("tensorrt.enabled", f"false on device {device} (TensorRT runs on a cuda:N device)", enabled)
-    folder = Path(cache).expanduser() if cache else None
-    if folder is not None and not folder.is_absolute():
-        folder = path.parent / folder
-    return TensorRTOptions(enabled=bool(enabled), fp16=bool(fp16), engine_cache=str(folder) if folder else None)
-
-
-def parse_reference(doc: Any, path: Path, sha: str) -> ReferenceLog:
-    check = Checker(str(path))
-    name, version = _common(check, doc, "reference")
-    doc = doc if isinstance(doc, dict) else {}
-    check.unknown_keys(doc, "", ("kind", "name", "version", "description", "model", "dataset", "backend",
-                                 "accuracy", "performance", "outputs"))
-    idents = {}
-    for key in ("model", "dataset"):
-        ident = check.get(doc, key, "", dict, "a mapping {name, version, sha256}") or {}
-        check.get(ident, "name", key, str, "a manifest name")
-        check.pattern(ident, "version", key, SEMVER, "a semantic version")
-        check.pattern(ident, "sha256", key, SHA256, "the manifest's content sha256", required=False)
-        idents[key] = {str(k): str(v) for k, v in ident.items()}
-    accuracy = check.get(doc, "accuracy", "", dict, "a mapping metric -> {expected, tolerance}", False, {}) or {}
-    for metric, spec in accuracy.items():
-        check.get(spec, "expected", f"accuracy.{metric}", float, "a number")
-        check.get(spec, "tolerance", f"accuracy.{metric}", float, "a number >= 0")
-    performance = check.get(doc, "performance", "", dict, "a mapping scenario -> figures", False, {}) or {}
-    outputs = check.get(doc, "outputs", "", list, "a list of {sample, values, atol}", False, []) or []
-    for i, item in enumerate(outputs):
-        check.get(item, "sample", f"outputs[{i}]", int, "a sample index")
-        check.get(item, "values", f"outputs[{i}]", list, "a list of expected values")
-    return _done(check, ReferenceLog(
-        kind="reference", name=name, version=version, path=path, sha256=sha, doc=doc,
-        model=idents["model"], dataset=idents["dataset"],
-        backend=check.get(doc, "backend", "", str, "a backend name") or "",
-        accuracy={k: {"expected": float(v.get("expected", 0)), "tolerance": float(v.get("tolerance", 0))}
-                  for k, v in accuracy.items() if isinstance(v, dict) and not check.problems},
-        performance=performance, outputs=tuple(outputs)))
-
-
-PARSERS = {"model": parse_model, "dataset": parse_dataset, "software": parse_software,
-           "hardware": parse_hardware, "reference": parse_reference}
-
-
-def _done(check: Checker, manifest: Manifest) -> Any:
-    check.raise_if_any()
-    return manifest
+def parse(kind: str, doc: Any, path: Path, sha: str) -> Any:
+    """Validate `doc` against `kind`'s schema (every problem at once, one line each) and build its manifest."""
+    root = schema.SCHEMAS[kind]
+    try:
+        valid = root.model_validate(doc)
+    except ValidationError as exc:
+        raise ManifestError(problems_from(exc, str(path), root, doc)) from None
+    return BUILDERS[kind](valid, doc, path, sha)
 
 
 def load_manifest(path: Path | str, kind: str | None = None) -> Any:
-    """Load and validate one manifest file; its `kind` field picks the parser unless `kind` is given."""
+    """Load and validate one manifest file; its `kind` field picks the schema unless `kind` is given."""
     path = Path(path)
     doc = load_yaml(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     wanted = kind or (doc.get("kind") if isinstance(doc, dict) else None)
-    parser = PARSERS.get(wanted) if isinstance(wanted, str) else None
-    if parser is None:
-        check = Checker(str(path))
-        check.fail("kind", f"one of {sorted(PARSERS)}", doc.get("kind") if isinstance(doc, dict) else doc)
-        check.raise_if_any()
-    return parser(doc, path, sha)
+    if not isinstance(wanted, str) or wanted not in schema.SCHEMAS:
+        got = doc.get("kind") if isinstance(doc, dict) else doc
+        raise ManifestError([f"{path}: kind: expected one of {sorted(schema.SCHEMAS)}, got {_short(got)}"])
+    return parse(wanted, doc, path, sha)

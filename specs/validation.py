@@ -1,11 +1,17 @@
-"""A small checker for YAML documents: every problem becomes one line naming the file, the
-field path and what was expected. Checks collect problems instead of stopping at the first."""
+"""Reading manifests and naming their problems: the YAML reader, and pydantic's validation errors
+(specs.schema) as one line each naming the file, the field path, what was expected and what was
+found. Every problem of a file is reported at once."""
 from __future__ import annotations
 
+import importlib
 import re
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Callable, Literal, NoReturn, Union, get_args, get_origin
+
+from pydantic import BaseModel, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
+from pydantic_core import PydanticCustomError, core_schema
 
 from harness.errors import UserError
 
@@ -13,6 +19,8 @@ SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _MISSING = object()
+_INPUT = object()  # a problem's value is the value the validator was given
+PROBLEMS = "mlharness"  # the error type of this project's own validators (refuse, refuse_all)
 
 
 class ManifestError(UserError):
@@ -23,66 +31,208 @@ class ManifestError(UserError):
         super().__init__("\n".join(problems))
 
 
-@dataclass
-class Checker:
-    """Walks one document; `problems` holds lines of the form `file: field: expected ..., got ...`."""
+# -- the schemas' own vocabulary (specs.schema) ----------------------------------------------------
 
-    source: str
-    problems: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class Expect:
+    """What a list item, mapping value or key held in place of a field must be: a type's metadata,
+    read when a problem is named (a field says it in its description)."""
 
-    def fail(self, path: str, expected: str, got: Any = _MISSING) -> None:
-        got_text = "" if got is _MISSING else f", got {_short(got)}"
-        self.problems.append(f"{self.source}: {path or '<document>'}: expected {expected}{got_text}")
+    text: str
 
-    def get(self, doc: Any, key: str, path: str, kind: type | tuple[type, ...], expected: str,
-            required: bool = True, default: Any = None) -> Any:
-        where = f"{path}.{key}" if path else key
-        if not isinstance(doc, dict):
-            return default
-        if key not in doc or doc[key] is None or required and doc[key] == "":
-            if required:
-                self.fail(where, f"{expected} (required field is missing)")
-            return default
-        value = doc[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, bool) and kind in (int, float):
-            self.fail(where, expected, value)
-            return default
-        if not isinstance(value, kind):
-            self.fail(where, expected, value)
-            return default
-        return value
 
-    def pattern(self, doc: Any, key: str, path: str, regex: re.Pattern[str], expected: str,
-                required: bool = True) -> str | None:
-        value = self.get(doc, key, path, str, expected, required)
-        if value is not None and not regex.match(value):
-            self.fail(f"{path}.{key}" if path else key, expected, value)
-            return None
-        return value
+def refuse(expected: str) -> NoReturn:
+    """A validator's verdict on the value it was given: `expected WHAT, got VALUE` at its own place."""
+    raise PydanticCustomError(PROBLEMS, "{expected}", {"expected": expected, "problems": [((), expected, _INPUT)]})
 
-    def one_of(self, doc: Any, key: str, path: str, choices: Iterable[str], required: bool = True,
-               default: str | None = None) -> str | None:
-        choices = list(choices)
-        value = self.get(doc, key, path, str, f"one of {choices}", required, default)
-        if value is not None and value not in choices:
-            self.fail(f"{path}.{key}" if path else key, f"one of {choices}", value)
-            return default
-        return value
 
-    def unknown_keys(self, doc: Any, path: str, allowed: Iterable[str]) -> None:
-        if not isinstance(doc, dict):
-            return
-        allowed = set(allowed)
-        for key in doc:
-            if key not in allowed:
-                where = f"{path}.{key}" if path else str(key)
-                self.fail(where, f"no such field (allowed: {', '.join(sorted(allowed))})")
+def refuse_all(problems: list[tuple[tuple[Any, ...], str, Any]]) -> NoReturn:
+    """Several problems at once, each (place below the validated value, what was expected, the value;
+    None: no value to show, as for a missing field)."""
+    raise PydanticCustomError(PROBLEMS, "{expected}", {"expected": problems[0][1], "problems": problems})
 
-    def raise_if_any(self) -> None:
-        if self.problems:
-            raise ManifestError(self.problems)
+
+# -- names the runtime owns ------------------------------------------------------------------------
+# The spec layer checks names that runtime registries own (framework names: sut.backends; conversion
+# targets: sut.conversion). Each owner registers a function returning its current names; until one
+# has, the owner is imported by name when a manifest first needs the names (the owners register
+# names only and import no framework), so that the spec layer never imports the runtime itself.
+NAME_OWNERS = {"framework": "sut.backends", "conversion target": "sut.conversion"}
+_NAME_SOURCES: dict[str, Callable[[], list[str]]] = {}
+
+
+def register_names(kind: str, source: Callable[[], list[str]]) -> None:
+    """The runtime's registry of `kind` (a key of NAME_OWNERS) hands the spec layer its names."""
+    _NAME_SOURCES[kind] = source
+
+
+def known_names(kind: str) -> list[str]:
+    """The names a manifest may use for `kind`, asked of the registry that owns them."""
+    if kind not in _NAME_SOURCES:
+        importlib.import_module(NAME_OWNERS[kind])  # registers its source
+    return list(_NAME_SOURCES[kind]())
+
+
+@dataclass(frozen=True)
+class NamesOf:
+    """A string field whose values a runtime registry owns (known_names(kind)): checked against the
+    names at validation, listed as the JSON Schema's enum when a schema is written."""
+
+    kind: str
+
+    def expected(self) -> str:
+        return f"one of {known_names(self.kind)}"
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        def check(value: str) -> str:
+            if value not in known_names(self.kind):
+                refuse(self.expected())
+            return value
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> Any:
+        found = handler(schema)
+        found["enum"] = known_names(self.kind)
+        return found
+
+
+# -- pydantic's errors as one-line problems --------------------------------------------------------
+
+def problems_from(error: ValidationError, source: str, root: type[BaseModel], doc: Any = None) -> list[str]:
+    """Each of pydantic's errors as `FILE: field.path: expected WHAT, got VALUE`; a model validator's
+    several problems become several lines. Given the document, the lines follow its order of
+    top-level fields (problems of fields it lacks come last), so they read along with the file."""
+    found: list[tuple[tuple[Any, ...], str]] = []
+    for err in error.errors(include_url=False):
+        loc = tuple(err["loc"])
+        is_key = bool(loc) and loc[-1] == "[key]"  # a mapping's key, not its value, is at fault
+        loc = loc[:-1] if is_key else loc
+        if err["type"] == PROBLEMS:
+            for below, expected, got in err["ctx"]["problems"]:
+                shown = err["input"] if got is _INPUT else got
+                at = loc + tuple(below)
+                found.append((at, _line(source, _path(root, at), expected, shown if got is not None else _MISSING)))
+            continue
+        path = _path(root, loc)
+        expected = _expected_at(root, loc, is_key)
+        if err["type"] == "missing":
+            found.append((loc, _line(source, path, f"{expected} (required field is missing)")))
+        elif err["type"] == "extra_forbidden":
+            found.append((loc, _line(source, path, f"no such field (allowed: {', '.join(_allowed(root, loc[:-1]))})")))
+        else:
+            found.append((loc, _line(source, path, expected, err["input"])))
+    if isinstance(doc, dict):
+        order = {key: i for i, key in enumerate(doc)}
+        found.sort(key=lambda item: order.get(item[0][0], len(order)) if item[0] else -1)
+    return [line for _, line in found]
+
+
+def _line(source: str, path: str, expected: str, got: Any = _MISSING) -> str:
+    got_text = "" if got is _MISSING else f", got {_short(got)}"
+    return f"{source}: {path or '<document>'}: expected {expected}{got_text}"
+
+
+def _steps(root: type[BaseModel], loc: tuple[Any, ...]) -> list[tuple[str, Any, list[Any]]]:
+    """Walk `loc` through the schema: for each step, (how the step is written, the type reached,
+    that type's metadata and description texts)."""
+    steps = []
+    current: Any = root
+    for part in loc:
+        base, meta = _unwrap(current)
+        if isinstance(base, type) and issubclass(base, BaseModel):
+            field = _field(base, part)
+            if field is None:
+                current, meta = Any, []
+            else:
+                current = field.annotation
+                inner_base, inner_meta = _unwrap(current)
+                meta = [field.description, *field.metadata, *inner_meta]
+            steps.append((f".{part}", current, meta))
+        elif get_origin(base) is list:
+            current = get_args(base)[0] if get_args(base) else Any
+            steps.append((f"[{part}]", current, _unwrap(current)[1]))
+        elif get_origin(base) is dict:
+            current = get_args(base)[1] if get_args(base) else Any
+            steps.append((f".{part}", current, _unwrap(current)[1]))
+        else:
+            current = Any
+            steps.append((f".{part}", current, []))
+    return steps
+
+
+def _path(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    return "".join(text for text, _, _ in _steps(root, loc)).lstrip(".")
+
+
+def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool = False) -> str:
+    """What the schema wants at `loc`: the Expect or description of the innermost step that has one,
+    or the mapping a model class stands for."""
+    if not loc:
+        return getattr(root, "expected", "a mapping")
+    if is_key:
+        base, _ = _unwrap(_steps(root, loc[:-1])[-1][1] if loc[:-1] else root)
+        key_type = get_args(base)[0] if get_origin(base) is dict and get_args(base) else Any
+        return _text(_unwrap(key_type)[1]) or "a key"
+    _, current, meta = _steps(root, loc)[-1]
+    text = _text(meta)
+    if text:
+        return text
+    base, _ = _unwrap(current)
+    if isinstance(base, type) and issubclass(base, BaseModel):
+        return getattr(base, "expected", "a mapping")
+    if get_origin(base) is Literal:
+        return f"one of {', '.join(map(str, get_args(base)))}"
+    return _PLAIN.get(get_origin(base) or base, "a valid value")
+
+
+_PLAIN = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+          dict: "a mapping"}
+
+
+def _text(meta: list[Any]) -> str | None:
+    for item in meta:
+        if isinstance(item, NamesOf):
+            return item.expected()
+    for item in meta:
+        if isinstance(item, Expect):
+            return item.text
+    for item in meta:
+        if isinstance(item, str) and item:
+            return item
+        description = getattr(item, "description", None)  # a Field(...) inside Annotated
+        if isinstance(description, str) and description:
+            return description
+    return None
+
+
+def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
+    """A type without its Annotated metadata and its `X | None`: (the base type, the metadata)."""
+    meta: list[Any] = []
+    while True:
+        if get_origin(tp) is Annotated:
+            args = get_args(tp)
+            tp, meta = args[0], [*meta, *args[1:]]
+        elif get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp):
+            rest = [a for a in get_args(tp) if a is not type(None)]
+            if len(rest) != 1:
+                return tp, meta
+            tp = rest[0]
+        else:
+            return tp, meta
+
+
+def _field(model: type[BaseModel], part: Any) -> Any:
+    for name, field in model.model_fields.items():
+        if part in (name, field.alias):
+            return field
+    return None
+
+
+def _allowed(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    base = _unwrap(_steps(root, loc)[-1][1])[0] if loc else root
+    if not (isinstance(base, type) and issubclass(base, BaseModel)):
+        return []
+    return sorted(field.alias or name for name, field in base.model_fields.items())
 
 
 def _short(value: Any) -> str:

@@ -13,6 +13,7 @@ import yaml
 from harness.errors import UserError
 from harness.records.loadgen_logs import parse_summary
 from harness.store.result_store import ResultStore
+from harness.sweeps.grid_schema import SETTING_KEYS
 from harness.sweeps.sweep_grid import Cell, load_grid
 from tests.support import REPO, run_cli, write_manifest
 
@@ -149,15 +150,15 @@ def test_example_grid_expands_to_its_eight_cells() -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("models: [m]\nscenarios: [Offline]\nbatchsize: [1]\n", "unknown key 'batchsize'"),
-    ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name"),
-    ("models: [m]\nscenarios: [Offlin]\n", "scenarios[0]: expected one of"),
-    ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "unknown setting 'max_batch'"),
-    ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1"),
+    ("models: [m]\nscenarios: [Offline]\nbatchsize: [1]\n", "batchsize: expected no such field (allowed: backends, batch_sizes, cluster,"),
+    ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name or {name, backends, datasets, set} (quote \"null\""),
+    ("models: [m]\nscenarios: [Offlin]\n", "scenarios[0]: expected one of SingleStream, MultiStream, Server, Offline, got 'Offlin'"),
+    ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "settings.max_batch: expected a setting name (one of accuracy_log_probability,"),
+    ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1, got 0"),
     ("models: [m]\nscenarios: [Offline]\nexclude: [{model: m}]\n", "no cells"),
     ("models: [m]\nscenarios: [Offline]\nhardware: [cpu, gpu9]\n", "hardware[1]: no hardware manifest named 'gpu9'"),
     ("models: [m]\nscenarios: [Offline]\ndatasets: [nope]\n", "datasets[0]: no dataset manifest named 'nope'"),
-    ("models: [m]\nscenarios: [Offline]\nsoftware: [default, 3]\n", "software[1]: expected a software manifest"),
+    ("models: [m]\nscenarios: [Offline]\nsoftware: [default, 3]\n", "software[1]: expected a manifest name or path, or 'default', got 3"),
     ("models: [{name: m, datasets: [nope]}]\nscenarios: [Offline]\n", "models[0]: datasets[0]: no dataset"),
     ("models: [m]\nscenarios: [Offline]\nuser_conf: no.conf\n", "user_conf: expected a user.conf file"),
 ])
@@ -167,6 +168,20 @@ def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) 
     with pytest.raises(UserError, match=re.escape(message)) as caught:
         load_grid(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_every_problem_of_a_grid_is_named_at_once_in_the_files_order(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models: [m, {name: n, sets: 1}]\nscenarios: Offline\ntimeout: -1\nset: {Server: {qps: 1}}\n"
+                    "mode: fast\n")
+    with pytest.raises(UserError) as caught:
+        load_grid(path)
+    assert str(caught.value).splitlines() == [
+        f"{path}: models[1].sets: expected no such field (allowed: backends, datasets, name, set)",
+        f"{path}: timeout: expected a number of seconds > 0, got -1",
+        f"{path}: set.Server.qps: expected a setting name (one of {', '.join(SETTING_KEYS)}), got 'qps'",
+        f"{path}: mode: expected one of performance, accuracy, submission, find-peak, got 'fast'",
+    ]
 
 
 def test_grid_axes_and_exclude(tmp_path: Path) -> None:

@@ -1,13 +1,11 @@
-"""`mlharness run` and `mlharness specs`: the foundation's commands."""
+"""`mlharness run`: one model under LoadGen in one scenario and mode."""
 from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from harness.errors import UserError
 from harness.running.request import add_request_arguments, request_from_args
 from harness.running.settings import MODES, SCENARIOS
 
@@ -104,41 +102,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
-def cmd_specs_list(args: argparse.Namespace) -> int:
-    from specs.index import KIND_FOLDERS, default_index
-
-    index = default_index()
-    for kind in KIND_FOLDERS:
-        for manifest in index.all(kind):
-            extra = f" [{manifest.framework}]" if kind == "model" else ""
-            print(f"{kind:<9} {manifest.ref:<32}{extra:<14} {manifest.path}")
-    return 0
-
-
-def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from specs.index import spec_files
-    from specs.manifests import load_manifest
-    from specs.validation import ManifestError
-
-    paths = [Path(p) for p in args.paths] or spec_files()
-    problems: list[str] = []
-    files: list[Path] = []
-    for path in paths:
-        files.extend(sorted(path.rglob("*.yaml")) if path.is_dir() else [path])
-    for path in files:
-        try:
-            load_manifest(path)
-        except ManifestError as exc:
-            problems.extend(exc.problems)
-        except UserError as exc:
-            problems.append(str(exc))
-    for line in problems:
-        print(line, file=sys.stderr)
-    if not problems:
-        print(f"{len(files)} manifest(s) valid")
-    return 1 if problems else 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a model under LoadGen in one scenario and mode")
     run.add_argument("model", help="model manifest name (under specs/models) or path")
@@ -151,8 +114,3 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
     run.set_defaults(func=cmd_run)
 
-    specs = sub.add_parser("specs", help="list or validate manifests").add_subparsers(dest="specs_command", required=True)
-    specs.add_parser("list", help="list the manifests under specs/").set_defaults(func=cmd_specs_list)
-    validate = specs.add_parser("validate", help="validate manifest files (default: all of specs/)")
-    validate.add_argument("paths", nargs="*")
-    validate.set_defaults(func=cmd_specs_validate)

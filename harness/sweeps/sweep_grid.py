@@ -1,4 +1,5 @@
-"""A sweep grid (YAML): its validation and its expansion into cells.
+"""A sweep grid (YAML): its validation (its schema is harness.sweeps.grid_schema) and its expansion
+into cells.
 
 A cell is one run configuration, a RunRequest: model x backend x dataset x hardware x software x
 scenario x batch size x thread count x any other setting (the sweep supplies its results dir and
@@ -13,17 +14,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from harness.errors import UserError
 from harness.running.request import RunRequest
-from harness.running.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
-from specs.validation import load_yaml
+from harness.running.settings import SCENARIOS
+from harness.sweeps.grid_schema import GRID_SCHEMA_VERSION, GridDoc  # noqa: F401  (the version is read here)
+from specs.validation import ManifestError, load_yaml, problems_from
 
-GRID_SCHEMA_VERSION = 1
-GRID_KEYS = frozenset({"schema_version", "name", "description", "models", "backends", "datasets", "hardware",
-                       "software", "scenarios", "mode", "batch_sizes", "threads", "settings", "set", "quick",
-                       "presets", "user_conf", "repeat", "timeout", "exclude", "profile",
-                       "cluster"})  # cluster: {cells_per_node: N}, read by harness.cluster.resources
-MODEL_KEYS = frozenset({"name", "backends", "datasets", "set"})
 # Axis names usable in `exclude` entries besides setting keys.
 CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario")
 # What a cell's key hashes: these request fields always (the key of every grid before the manifest
@@ -31,7 +29,6 @@ CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario"
 # cell that does not use them keeps its key and a resumed sweep still finds its finished cells.
 KEY_FIELDS = ("model", "backend", "scenario", "mode", "quick", "presets", "overrides", "profile")
 OPTIONAL_KEY_FIELDS = {"dataset": None, "hardware": "cpu", "software": None, "user_conf": None}
-DEFAULT_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -117,34 +114,11 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _list(doc: dict[str, Any], key: str, where: str, default: list[Any]) -> list[Any]:
-    value = doc.get(key, default)
-    if not isinstance(value, list):
-        value = [value]
+def _scoped(value: dict[str, Any] | None) -> dict[str, Any]:
+    """A checked settings mapping (grid_schema), flat or scoped by '*' and scenario names, as scoped."""
     if not value:
-        raise UserError(f"{where}: {key}: expected a non-empty list")
-    return value
-
-
-def _check_setting(key: str, where: str) -> None:
-    if key not in LOADGEN_KEYS | HARNESS_KEYS:
-        known = ", ".join(sorted(LOADGEN_KEYS | HARNESS_KEYS))
-        raise UserError(f"{where}: unknown setting {key!r} (known: {known})")
-
-
-def _settings_mapping(value: Any, where: str) -> dict[str, Any]:
-    """A flat {key: value} or a scenario-scoped {'*' | Scenario: {key: value}} mapping, checked."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UserError(f"{where}: expected a mapping of settings")
-    scoped = bool(value) and all(k == "*" or k in SCENARIOS for k in value)
-    entries = value.values() if scoped else [value]
-    for entry in entries:
-        if not isinstance(entry, dict):
-            raise UserError(f"{where}: expected a mapping of settings under each scenario")
-        for key in entry:
-            _check_setting(str(key), where)
+        return {"scoped": {}}
+    scoped = all(k == "*" or k in SCENARIOS for k in value)
     return {"scoped": value} if scoped else {"scoped": {"*": value}}
 
 
@@ -156,53 +130,30 @@ def _scoped_for(settings: dict[str, Any], scenario: str) -> dict[str, str]:
     return merged
 
 
-def _models(doc: dict[str, Any], where: str, backends: list[Any],
-            datasets: list[Any]) -> list[tuple[str, list[Any], list[Any], dict[str, Any]]]:
-    found = []
-    for i, entry in enumerate(_list(doc, "models", where, [])):
-        at = f"{where}: models[{i}]"
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            hint = " (quote \"null\": YAML reads a bare null as nothing)" if entry is None else ""
-            raise UserError(f"{at}: expected a model name or {{name, backends, datasets, set}}{hint}")
-        unknown = set(entry) - MODEL_KEYS
-        if unknown:
-            raise UserError(f"{at}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(MODEL_KEYS))})")
-        model_backends = _list(entry, "backends", at, backends) if "backends" in entry else backends
-        model_datasets = _manifest_axis(entry, "datasets", at, "dataset") if "datasets" in entry else datasets
-        found.append((entry["name"], model_backends, model_datasets, _settings_mapping(entry.get("set"), f"{at}: set")))
-    return found
-
-
-def _manifest_axis(doc: dict[str, Any], key: str, where: str, kind: str) -> list[str | None]:
-    """A datasets, hardware or software axis: manifest names or paths, or 'default' (None: the model's
+def _manifest_axis(values: list[str] | None, where: str, kind: str, default: str | None) -> list[str | None]:
+    """A datasets, hardware or software axis: manifest names or paths, or 'default' (the model's
     dataset, the software named after the backend; for hardware, cpu). Every one must exist, so a
     typo is an error before the first cell runs rather than a failed cell per combination."""
     from specs.index import default_index
 
-    values: list[str | None] = []
+    if values is None:
+        return [default]
+    found: list[str | None] = []
     index = None
-    for i, value in enumerate(_list(doc, key, where, [])):
-        at = f"{where}: {key}[{i}]"
-        if not isinstance(value, str) or not value:
-            raise UserError(f"{at}: expected a {kind} manifest name or path, or 'default'")
+    for i, value in enumerate(values):
         if value == "default":
-            values.append("cpu" if kind == "hardware" else None)
+            found.append(default)
             continue
         index = index or default_index()
         try:
             index.find(kind, value)
         except UserError as exc:
-            raise UserError(f"{at}: {str(exc).splitlines()[0]}") from None
-        values.append(value)
-    return values
+            raise UserError(f"{where}[{i}]: {str(exc).splitlines()[0]}") from None
+        found.append(value)
+    return found
 
 
-def _backend(value: Any, where: str) -> str | None:
-    if not isinstance(value, str):
-        raise UserError(f"{where}: expected a backend name or 'default' (quote \"null\": YAML reads a bare "
-                        "null as nothing)")
+def _backend(value: str) -> str | None:
     return None if value == "default" else value
 
 
@@ -218,99 +169,60 @@ def _excluded(cell: Cell, batch: Any, threads: Any, rules: list[dict[str, Any]])
 
 
 def load_grid(path: Path) -> Grid:
-    """Read and check a grid file; every problem names the file and the field."""
+    """Read and check a grid file: its schema (grid_schema; every problem at once, one line each
+    naming the file and the field), then the manifests and files it names; then its cells."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such sweep grid file")
-    doc = load_yaml(path)
+    raw = load_yaml(path)
+    try:
+        doc = GridDoc.model_validate(raw)
+    except ValidationError as exc:
+        raise ManifestError(problems_from(exc, str(path), GridDoc, raw)) from None
     where = str(path)
-    if not isinstance(doc, dict):
-        raise UserError(f"{where}: expected a mapping with models, scenarios, ...")
-    unknown = set(doc) - GRID_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(GRID_KEYS))})")
-    version = doc.get("schema_version", GRID_SCHEMA_VERSION)
-    if version != GRID_SCHEMA_VERSION:
-        raise UserError(f"{where}: schema_version: expected {GRID_SCHEMA_VERSION}, got {version!r}")
-    scenarios = _list(doc, "scenarios", where, [])
-    for i, scenario in enumerate(scenarios):
-        if scenario not in SCENARIOS:
-            raise UserError(f"{where}: scenarios[{i}]: expected one of {', '.join(SCENARIOS)}, got {scenario!r}")
-    mode = doc.get("mode", "performance")
-    if mode not in MODES:
-        raise UserError(f"{where}: mode: expected one of {', '.join(MODES)}, got {mode!r}")
-    backends = _list(doc, "backends", where, ["default"])
-    for i, backend in enumerate(backends):
-        _backend(backend, f"{where}: backends[{i}]")
-    axes = _axes(doc, where)
-    fixed = _settings_mapping(doc.get("set"), f"{where}: set")
-    exclude = doc.get("exclude") or []
-    if not isinstance(exclude, list) or not all(isinstance(rule, dict) for rule in exclude):
-        raise UserError(f"{where}: exclude: expected a list of mappings such as {{model: m, scenario: S}}")
-    presets = tuple(str(p) for p in (doc.get("presets") or []))
-    profile = tuple(str(p) for p in (doc.get("profile") or []))
-    quick = bool(doc.get("quick", False))
-    datasets = _manifest_axis(doc, "datasets", where, "dataset") if "datasets" in doc else [None]
-    hardware_axis = _manifest_axis(doc, "hardware", where, "hardware") if "hardware" in doc else ["cpu"]
-    software_axis = _manifest_axis(doc, "software", where, "software") if "software" in doc else [None]
-    user_conf = _user_conf(doc.get("user_conf"), where)
+    datasets = _manifest_axis(doc.datasets, f"{where}: datasets", "dataset", None)
+    hardware_axis = _manifest_axis(doc.hardware, f"{where}: hardware", "hardware", "cpu")
+    software_axis = _manifest_axis(doc.software, f"{where}: software", "software", None)
+    if doc.user_conf is not None and not Path(doc.user_conf).is_file():
+        # relative to the current folder, as for `mlharness run --user-conf`
+        raise UserError(f"{where}: user_conf: expected a user.conf file, got {doc.user_conf!r}")
+    axes = _axes(doc)
+    fixed = _scoped(doc.set)
+    presets, profile = tuple(doc.presets), tuple(doc.profile)
     cells: list[Cell] = []
-    for model, model_backends, model_datasets, model_set in _models(doc, where, backends, datasets):
+    for i, entry in enumerate(doc.models):
+        backends = entry.backends if entry.backends is not None else doc.backends
+        model_datasets = _manifest_axis(entry.datasets, f"{where}: models[{i}]: datasets", "dataset", None) \
+            if entry.datasets is not None else datasets
+        model_set = _scoped(entry.set)
         for backend_value, dataset, hardware, software, scenario in itertools.product(
-                model_backends, model_datasets, hardware_axis, software_axis, scenarios):
-            backend = _backend(backend_value, f"{where}: models: {model}: backends")
+                backends, model_datasets, hardware_axis, software_axis, doc.scenarios):
             for combo in itertools.product(*(values for _, values in axes)):
                 overrides = _scoped_for(fixed, scenario) | _scoped_for(model_set, scenario)
                 overrides |= {key: _text(value) for (key, _), value in zip(axes, combo)}
-                cell = Cell.of(model=model, backend=backend, dataset=dataset, hardware=hardware, software=software,
-                               scenario=scenario, mode=mode, quick=quick, presets=presets, user_conf=user_conf,
-                               overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())), profile=profile)
-                if not _excluded(cell, cell.setting("max_batch_size"), cell.setting("intra_op_threads"), exclude):
+                cell = Cell.of(model=entry.name, backend=_backend(backend_value), dataset=dataset, hardware=hardware,
+                               software=software, scenario=scenario, mode=doc.mode, quick=doc.quick, presets=presets,
+                               user_conf=doc.user_conf, profile=profile,
+                               overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())))
+                if not _excluded(cell, cell.setting("max_batch_size"), cell.setting("intra_op_threads"), doc.exclude):
                     cells.append(cell)
     if not cells:
         raise UserError(f"{where}: the grid has no cells (every combination is excluded)")
-    return Grid(path=path, name=str(doc.get("name") or path.stem), cells=_unique(cells),
-                repeat=_positive_int(doc.get("repeat", 1), f"{where}: repeat"),
-                timeout_s=_positive_float(doc.get("timeout", DEFAULT_TIMEOUT_S), f"{where}: timeout"), document=doc)
+    return Grid(path=path, name=doc.name or path.stem, cells=_unique(cells), repeat=doc.repeat,
+                timeout_s=doc.timeout, document=raw)
 
 
-def _user_conf(value: Any, where: str) -> str | None:
-    """A LoadGen user.conf for every cell (a path, relative to the current folder as for `mlharness run`)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not Path(value).is_file():
-        raise UserError(f"{where}: user_conf: expected a user.conf file, got {value!r}")
-    return value
-
-
-def _axes(doc: dict[str, Any], where: str) -> list[tuple[str, list[Any]]]:
+def _axes(doc: GridDoc) -> list[tuple[str, list[Any]]]:
     """(setting key, values) per swept axis: batch_sizes, threads, then each `settings` entry."""
     axes: list[tuple[str, list[Any]]] = []
-    if "batch_sizes" in doc:
-        axes.append(("max_batch_size", _list(doc, "batch_sizes", where, [])))
-    if "threads" in doc:
-        axes.append(("intra_op_threads", _list(doc, "threads", where, [])))
-    settings = doc.get("settings") or {}
-    if not isinstance(settings, dict):
-        raise UserError(f"{where}: settings: expected a mapping of setting -> list of values")
-    for key, values in settings.items():
-        _check_setting(str(key), f"{where}: settings")
-        axes.append((str(key), _list(settings, key, f"{where}: settings", [])))
+    if doc.batch_sizes is not None:
+        axes.append(("max_batch_size", doc.batch_sizes))
+    if doc.threads is not None:
+        axes.append(("intra_op_threads", doc.threads))
+    axes += [(str(key), values) for key, values in doc.settings.items()]
     return axes
 
 
 def _unique(cells: list[Cell]) -> list[Cell]:
     seen: set[str] = set()
     return [c for c in cells if not (c.key in seen or seen.add(c.key))]
-
-
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{where}: expected an integer >= 1, got {value!r}")
-    return value
-
-
-def _positive_float(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise UserError(f"{where}: expected a number of seconds > 0, got {value!r}")
-    return float(value)
