@@ -13,6 +13,7 @@ from specs import artifacts
 from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
 from sut import backends, conversion  # noqa: F401 - conversion registers the converter
 from sut.backends.base import Backend
+from sut.device_staging import staged_samples
 from sut.processing import ProcessingContext, compile_function
 from sut.staging import StagedSamples
 
@@ -104,7 +105,8 @@ def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: Hard
     with _timed(seconds, "load_seconds"):
         backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
         backend.load()
-    staged = StagedSamples(items, model.inputs, preprocess, load, ctx)
+    # On a GPU the backend keeps the staged samples on its device (sut.device_staging).
+    staged = staged_samples(backend, items, model.inputs, preprocess, load, ctx)
     described = {**describe_sources(dataset, dataset_sources), **describe_sources(model, model_sources)}
     return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources}, described,
                    cold_start=seconds)

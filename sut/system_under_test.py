@@ -119,6 +119,10 @@ class SystemUnderTest(FirstFailure):
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
         self._batch_buffers = [dict() for _ in range(self.workers + 1)]  # per worker; the last is inline
+        # Samples staged on a GPU gather their batches there (sut.device_staging); the CPU path is untouched.
+        device_gather = getattr(staged, "device_gather", None)
+        if device_gather is not None:
+            self._inputs_for = device_gather  # type: ignore[method-assign]
         # Samples answered, one count per worker (the last inline), each written by its worker only:
         # a progress display reads their sum from its own thread (harness.running.progress).
         self._completed = [0] * (self.workers + 1)

@@ -1,6 +1,10 @@
 """ONNX Runtime: CPU execution provider by default; CUDA on the hardware manifest's cuda:N device,
 with TensorRT ahead of it when the manifest's `tensorrt` section enables it. A provider this build
-lacks, or one that cannot start, is an error naming the hardware manifest, never a silent CPU run."""
+lacks, or one that cannot start, is an error naming the hardware manifest, never a silent CPU run.
+
+On a cuda device the session runs through IOBinding (sut.device_iobinding): samples staged in device
+memory (sut.device_staging over pycuda), outputs into preallocated device buffers copied once per
+batch into page-locked host buffers. The CPU path is the plain `session.run` below, unchanged."""
 from __future__ import annotations
 
 import json
@@ -29,6 +33,7 @@ class OnnxRuntimeBackend(Backend):
     devices = ("cpu", "cuda")
     framework = "onnxruntime"
     uses_tensorrt = True
+    _device_memory: Any = None  # sut.device_memory.PycudaMemory on a cuda device, once loaded
 
     @classmethod
     def device_problem(cls, hardware: HardwareManifest) -> str | None:
@@ -38,7 +43,9 @@ class OnnxRuntimeBackend(Backend):
             return problem
         import onnxruntime as ort
 
-        return provider_problem(hardware, ort.get_available_providers(), ort.__version__)
+        from sut.device_memory import pycuda_problem
+
+        return provider_problem(hardware, ort.get_available_providers(), ort.__version__) or pycuda_problem()
 
     @property
     def graph_optimization(self) -> str:
@@ -65,6 +72,65 @@ class OnnxRuntimeBackend(Backend):
         self._check_providers_started()
         self._check_io()
         self.output_names = [o.name for o in self.model.outputs]
+        self._device_memory = None
+        if self.hardware.device != "cpu":
+            self._load_device_path()
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.options.get("max_batch_size") or 1)
+
+    def _load_device_path(self, memory: Any = None) -> None:
+        """IOBinding per worker over pycuda memory (or the DeviceMemory given: the tests pass
+        sut.device_memory.HostMemory where no GPU exists); predict becomes the bound one, the CPU path
+        stays the plain method, untouched."""
+        from sut.device_memory import PycudaMemory
+        from sut.device_timing import DeviceTimings
+
+        self._device_memory = memory or PycudaMemory(int(self.hardware.device.partition(":")[2]))
+        self._device_timings = DeviceTimings()
+        self._bind_session()
+        self.predict = self._predict_bound  # type: ignore[method-assign]
+
+    def _bind_session(self) -> None:
+        from sut.device_iobinding import BoundSessions, output_layout
+
+        self._bound = BoundSessions(self.session, self._device_memory, output_layout(self.model.outputs),
+                                    self.max_batch_size)
+
+    def device_staging(self) -> Any:
+        """Device-resident samples (sut.device_staging) on a cuda device; None on the CPU."""
+        if self._device_memory is None:
+            return None
+        from sut.device_staging import BufferStaging
+
+        return BufferStaging(self._device_memory, self.max_batch_size)
+
+    def _predict_bound(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        memory = self._device_memory
+
+        def record() -> Any:
+            event = memory.new_event()
+            memory.record(event)
+            return event
+
+        def elapsed_ms(start: Any, end: Any) -> float:
+            end.synchronize()
+            return start.time_till(end)
+
+        rows = next(iter(inputs.values())).shape[0] if inputs else 0
+        return self._device_timings.timed(record, record, elapsed_ms, lambda: self._bound.run(inputs), rows)
+
+    def start_device_timing(self) -> None:
+        """CUDA events around each predict from now on (the harness profiling level)."""
+        self._device_timings.start()
+
+    def end_device_timing(self) -> list[Any]:
+        return self._device_timings.stop()
+
+    @property
+    def device_timing_unavailable(self) -> str | None:
+        return None if self._device_memory is not None else "the session runs on the CPU"
 
     def new_session_options(self) -> Any:
         """Fresh SessionOptions as this backend's session has them (threads, mode, optimization level)."""
@@ -97,9 +163,13 @@ class OnnxRuntimeBackend(Backend):
         self._plain_session = self.session
         self.session = ort.InferenceSession(str(self.graph_path), options, providers=self.providers,
                                             provider_options=self.provider_options)
+        if self._device_memory is not None:
+            self._bind_session()  # the bindings belong to a session
 
     def end_profiling(self) -> FrameworkProfile:
         profiled, self.session = self.session, self._plain_session
+        if self._device_memory is not None:
+            self._bind_session()
         start_ns = profiled.get_profiling_start_time_ns()
         path = Path(profiled.end_profiling())
         path = path.replace(path.with_name("onnxruntime_profile.json"))  # a fixed name: a re-run replaces it
@@ -180,7 +250,16 @@ class OnnxRuntimeBackend(Backend):
                 "tensorrt": tensorrt.describe() if tensorrt is not None else None, "onnxruntime": ort.__version__,
                 "graph_optimization": self.graph_optimization, "execution_mode": self.execution_mode,
                 "graph": str(self.graph_path), "graph_sha256": self.graph_sha256,
-                "transforms": list(self.model.graph_transforms)}
+                "transforms": list(self.model.graph_transforms), "device_path": self.describe_device_path()}
+
+    def describe_device_path(self) -> dict[str, Any] | None:
+        """How a cuda run moved tensors (None on the CPU), for run.json's backend entry."""
+        memory = self._device_memory
+        if memory is None:
+            return None
+        return {"io_binding": "one binding per worker thread", "staging": f"{memory.kind} device memory",
+                "outputs": f"preallocated device buffers per worker, copied once per batch into page-locked "
+                           f"host buffers ({memory.kind})", "max_batch_size": self.max_batch_size}
 
 
 def provider_problem(hardware: HardwareManifest, available: list[str], version: str) -> str | None:

@@ -1,5 +1,10 @@
 """PyTorch: an nn.Module from a factory named in the manifest plus a state dict, or TorchScript.
-Arrays cross to and from torch without copies (torch.from_numpy / Tensor.numpy on CPU)."""
+Arrays cross to and from torch without copies (torch.from_numpy / Tensor.numpy on CPU).
+
+On a cuda device (sut.device_torch): samples staged as device tensors, one stream per thread,
+inputs from the warm-up through pinned memory, outputs copied once per batch into pinned host
+tensors, torch.inference_mode, and CUDA graphs for batch sizes 1 and max_batch_size when the harness
+key `cuda_graphs` is on. The CPU predict below is unchanged."""
 from __future__ import annotations
 
 import json
@@ -39,9 +44,27 @@ class TorchBackend(Backend):
             return f"device: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1}), got {hardware.device}"
         return None
 
+    _on: Any = None  # sut.device_torch.TorchDevice on a cuda device, once loaded
+    _graphs: Any = None  # sut.device_torch.CudaGraphs when cuda_graphs is on
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.options.get("max_batch_size") or 1)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self.options.get("cuda_graphs"))
+
     def load(self) -> None:
         import torch
 
+        if self.cuda_graphs:
+            from sut.device_torch import cuda_graph_problem
+
+            problem = cuda_graph_problem(self.hardware.device, self.model.inputs)
+            if problem:
+                raise UserError(f"{self.hardware.path}: {problem}" if problem.startswith("cuda_graphs: CUDA")
+                                else f"{self.model.path}: {problem}")
         self._torch = torch
         with _THREADS_LOCK:
             if self.intra_op_threads:
@@ -71,6 +94,72 @@ class TorchBackend(Backend):
         self.input_names = [spec.name for spec in self.model.inputs]
         self.output_names = [spec.name for spec in self.model.outputs]
         self.keyword_inputs = bool(self.model.attributes.get("keyword_inputs", False))
+        if self.device.type == "cuda":
+            self._load_device_path()
+
+    def _load_device_path(self) -> None:
+        from sut.device_timing import DeviceTimings
+        from sut.device_torch import CudaGraphs, TorchDevice, graph_batch_sizes
+
+        self._on = TorchDevice(self._torch, self.device)
+        self._device_timings = DeviceTimings()
+        if self.cuda_graphs:
+            self._graphs = CudaGraphs(self._torch, self._call, self.model.inputs, self.device,
+                                      graph_batch_sizes(self.max_batch_size))
+        self.predict = self._predict_device  # type: ignore[method-assign]
+
+    def device_staging(self) -> Any:
+        """Device-resident samples (sut.device_staging) on a cuda device; None on the CPU."""
+        if self._on is None:
+            return None
+        from sut.device_torch import TorchStaging
+
+        return TorchStaging(self._on, self.max_batch_size)
+
+    def _call(self, tensors: dict[str, Any]) -> list[Any]:
+        raw = self.module(**tensors) if self.keyword_inputs else self.module(*(tensors[n] for n in self.input_names))
+        return self._as_tensors(raw)
+
+    def _predict_device(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Device tensors in (staged rows or a gathered batch; host arrays go through pinned memory),
+        pinned host arrays out, all on this thread's stream."""
+        torch, on = self._torch, self._on
+        on.stream()
+        rows = next(iter(inputs.values())).shape[0]
+        tensors = {name: value if isinstance(value, torch.Tensor) else on.to_device(value, self.max_batch_size)
+                   for name, value in ((n, inputs[n]) for n in self.input_names)}
+
+        def work() -> list[np.ndarray]:
+            with torch.inference_mode():
+                held, outputs = self._graphs.replaying(tensors, rows) if self._graphs is not None else (None, None)
+                if outputs is None:
+                    return on.to_host(self._call(tensors), self.max_batch_size)
+                with held:
+                    return on.to_host(outputs, self.max_batch_size)
+
+        arrays = self._device_timings.timed(self._record_event, self._record_event, self._elapsed_ms, work, rows)
+        return dict(zip(self.output_names, arrays))
+
+    def _record_event(self) -> Any:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def _elapsed_ms(start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def start_device_timing(self) -> None:
+        """CUDA events around each predict from now on (the harness profiling level)."""
+        self._device_timings.start()
+
+    def end_device_timing(self) -> list[Any]:
+        return self._device_timings.stop()
+
+    @property
+    def device_timing_unavailable(self) -> str | None:
+        return None if self._on is not None else "the module runs on the CPU"
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
@@ -80,13 +169,14 @@ class TorchBackend(Backend):
         return dict(zip(self.output_names, self._as_arrays(raw)))
 
     def _as_arrays(self, raw: Any) -> list[np.ndarray]:
+        return [t.detach().cpu().numpy() for t in self._as_tensors(raw)]
+
+    def _as_tensors(self, raw: Any) -> list[Any]:
         if isinstance(raw, self._torch.Tensor):
-            items = [raw]
-        elif isinstance(raw, dict) or hasattr(raw, "keys"):
-            items = [raw[name] for name in self.output_names]
-        else:
-            items = list(raw)[: len(self.output_names)]
-        return [t.detach().cpu().numpy() for t in items]
+            return [raw]
+        if isinstance(raw, dict) or hasattr(raw, "keys"):
+            return [raw[name] for name in self.output_names]
+        return list(raw)[: len(self.output_names)]
 
     def profiling_unavailable(self) -> str | None:
         return None
@@ -117,7 +207,18 @@ class TorchBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "torch": self._torch.__version__,
                 "torch_threads": self._torch.get_num_threads(),
-                "torchscript": "torchscript" in self.sources}
+                "torchscript": "torchscript" in self.sources, "device_path": self.describe_device_path()}
+
+    def describe_device_path(self) -> dict[str, Any] | None:
+        """How a cuda run moved tensors and whether it replayed CUDA graphs (None on the CPU)."""
+        if self._on is None:
+            return None
+        graphs = self._graphs
+        return {"staging": "device tensors, gathered with index_select", "streams": "one per thread",
+                "inputs": "non-blocking copies from pinned memory", "outputs": "pinned host tensors, one copy per batch",
+                "inference_mode": True, "max_batch_size": self.max_batch_size,
+                "cuda_graphs": {"batch_sizes": graphs.batch_sizes,
+                                "smaller_batches": "padded to the next captured size"} if graphs is not None else None}
 
 
 _TORCH_CATEGORIES = {"cpu_op": "op", "kernel": "kernel", "gpu_memcpy": "kernel", "gpu_memset": "kernel"}
