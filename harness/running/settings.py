@@ -32,7 +32,8 @@ LOADGEN_KEYS = frozenset({
 # Keys the SUT reads; the rest of the harness passes them through untouched.
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
                           "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
-                          "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms"})
+                          "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms",
+                          "cuda_graphs"})  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
                                            "execution_mode": ("sequential", "parallel")}
@@ -98,7 +99,7 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
         if text not in CHOICE_KEYS[key]:
             raise UserError(f"{where}: {key}: expected one of {', '.join(CHOICE_KEYS[key])}, got {value!r}")
         return text
-    if key == "enable_trace":
+    if key in ("enable_trace", "cuda_graphs"):
         return str(value).lower() in ("1", "true", "yes", "on")
     kind = "a number of seconds" if key in _FLOAT_KEYS else "an integer"
     try:
