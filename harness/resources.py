@@ -37,17 +37,43 @@ def current_rss_bytes() -> int | None:
 def device_memory(device: str) -> dict[str, Any] | None:
     """Peak device memory torch's caching allocator saw on `device` (`cuda:N`), or None when the device
     is not a GPU, torch was never imported, or CUDA was never initialised in this process. Memory other
-    frameworks allocate themselves (ONNX Runtime's CUDA arena) is not seen here."""
+    frameworks allocate themselves (ONNX Runtime's CUDA arena) is not seen by torch: without torch on
+the GPU, NVML's figure for this process is reported instead (nvml_process_memory)."""
     if not device.startswith("cuda"):
         return None
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
-        return None
     index = int(device.partition(":")[2] or 0)
+    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+        return nvml_process_memory(index)
     return {"device": device, "source": "torch.cuda",
             "peak_allocated_bytes": int(cuda.max_memory_allocated(index)),
             "peak_reserved_bytes": int(cuda.max_memory_reserved(index))}
+
+
+def nvml_process_memory(index: int) -> dict[str, Any] | None:
+    """The device memory this process holds on GPU `index` now, as NVML reports it (ONNX Runtime's
+    arena included; a current figure, not a peak), or None without nvidia-ml-py, a driver or a figure."""
+    try:
+        import os
+
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    if p.pid == os.getpid() and p.usedGpuMemory is not None]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+    if not used:
+        return None
+    return {"device": f"cuda:{index}", "source": "nvml (this process, at the end of the run)",
+            "used_bytes": int(sum(used))}
 
 
 def usage(device: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The `harness` level: per-query spans from issue to completion, queue wait and batch formation,
 from the SUT's own perf_counter_ns stamps; LoadGen's per-sample trace is added when its trace
-option (--set enable_trace=1) was on."""
+option (--set enable_trace=1) was on. On a GPU backend (one with `start_device_timing`), CUDA events
+around each predict give the device's own time per batch, drawn on the device track."""
 from __future__ import annotations
 
 import threading
@@ -22,6 +23,16 @@ class HarnessTracer(Tracer):
 
     def start(self) -> None:
         self.batches: list[tuple[int, Any]] = []
+        self.device_timings: list[Any] = []
+        backend = self.ctx.runtime.backend
+        self._device_timed = (getattr(backend, "start_device_timing", None) is not None
+                              and getattr(backend, "device_timing_unavailable", "no device timing") is None)
+        if self._device_timed:
+            backend.start_device_timing()
+
+    def stop(self) -> None:
+        if self._device_timed:
+            self.device_timings = self.ctx.runtime.backend.end_device_timing()
 
     def batch(self, times: Any) -> None:
         self.batches.append((threading.get_native_id(), times))
@@ -47,6 +58,12 @@ class HarnessTracer(Tracer):
             "stages": {"query": stage_stats(queries), "queue_wait": stage_stats(waits),
                        "batch_formation": stage_stats(formation), "complete": stage_stats(completion)},
         }
+        if self._device_timed:
+            spans += device_spans(self.device_timings)
+            summary["stages"]["device_predict"] = stage_stats([t.device_ns for t in self.device_timings])
+            summary["device_timing"] = "CUDA events around each predict (the device's clock)"
+        else:
+            summary["device_timing"] = "off (the backend runs on the CPU)"
         result = LevelResult(self.level, "ok", spans=spans, async_spans=queued, summary=summary)
         trace = self.ctx.loadgen_trace
         if trace is not None and trace.is_file():
@@ -57,3 +74,10 @@ class HarnessTracer(Tracer):
         else:
             summary["loadgen_trace"] = {"status": "off", "reason": "LoadGen's trace is off (--set enable_trace=1 turns it on)"}
         return result
+
+
+def device_spans(timings: Any) -> list[Span]:
+    """Each predict's device time (CUDA events) as a span on the device track, from the host stamp
+    taken when its start event was recorded: the device clock's length at the host clock's place."""
+    return [Span("device_predict", t.host_start_ns, t.host_start_ns + t.device_ns, t.tid,
+                 {"rows": t.rows, "clock": "cuda events"}, "device") for t in timings]

@@ -28,10 +28,21 @@ def open_devices() -> tuple[Any, list[Any], str | None]:
 
 
 def sample(pynvml: Any, handles: list[Any]) -> dict[str, float]:
+    """Utilisation (SM and memory), memory used, power and clocks of each GPU. A reading a GPU does not
+    support (NVMLError_NotSupported: power on some boards) is left out, the others stay."""
     values: dict[str, float] = {}
     for i, handle in enumerate(handles):
-        values[f"gpu{i}_util_pct"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        values[f"gpu{i}_util_pct"] = float(rates.gpu)
+        values[f"gpu{i}_mem_util_pct"] = float(rates.memory)
         values[f"gpu{i}_mem_mib"] = round(pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20, 1)
+        for key, read in ((f"gpu{i}_power_w", lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                          (f"gpu{i}_sm_clock_mhz", lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                          (f"gpu{i}_mem_clock_mhz", lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))):
+            try:
+                values[key] = round(float(read(handle)), 1)
+            except pynvml.NVMLError:
+                pass
     return values
 
 

@@ -1,6 +1,6 @@
 """The `system` level: CPU use per core, this process's CPU, RSS and context switches sampled on a
 background thread; hardware and software counters from `perf stat`; GPU utilisation and memory
-through NVML. Parts that cannot run here are listed under `unavailable` with the reason."""
+through NVML (utilisation, memory, power and clocks). Parts that cannot run here are listed under `unavailable` with the reason."""
 from __future__ import annotations
 
 import threading
@@ -71,7 +71,11 @@ class SystemTracer(Tracer):
                   "process cpu (%)": lambda k: k == "process_cpu_pct",
                   "rss (MiB)": lambda k: k == "rss_mib",
                   "context switches (/s)": lambda k: k.endswith("_switches_per_s"),
-                  "gpu": lambda k: k.startswith("gpu")}
+                  # NVML's readings, one counter track per unit (profiling.nvml.sample)
+                  "gpu utilisation (%)": lambda k: k.startswith("gpu") and k.endswith("_pct"),
+                  "gpu memory (MiB)": lambda k: k.startswith("gpu") and k.endswith("_mib"),
+                  "gpu power (W)": lambda k: k.startswith("gpu") and k.endswith("_power_w"),
+                  "gpu clocks (MHz)": lambda k: k.startswith("gpu") and k.endswith("_clock_mhz")}
         for stamp, values in self.samples:
             for name, member in groups.items():
                 chosen = {k: v for k, v in values.items() if member(k)}
