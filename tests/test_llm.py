@@ -25,12 +25,13 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def engine():
     """The transformers engine with SmolLM2-135M loaded, for the tests that need no LoadGen run."""
+    from harness.running.runner import select_model
     from specs import artifacts
     from specs.index import default_index
     from sut import backends
 
     index = default_index()
-    model = index.find("model", "smollm2-135m")
+    model = select_model(index, "smollm2-135m", "transformers")  # the llama.cpp manifest has the same name
     backend = backends.create("transformers", model=model, sources=artifacts.resolve_all(model),
                               hardware=index.find("hardware", "cpu"), options={})
     backend.load()
@@ -81,7 +82,8 @@ def test_token_mode_reaches_loadgen_and_accuracy_is_scored_in_one_submission_run
           - {sample: 0, values: [16185, 2], atol: 0}
           - {sample: 1, values: [16185, 2], atol: 0}
         """)
-    run_id = run_new(results, "smollm2-135m", "--scenario", "Server", "--mode", "submission", "--quick",
+    run_id = run_new(results, "smollm2-135m", "--backend", "transformers", "--scenario", "Server", "--mode",
+                     "submission", "--quick",
                      "--reference", reference,
                      "--set", "dataset_limit=6", "--set", "min_query_count=8", "--set", "target_qps=2", "--set", "warmup_queries=1")
     record = newest_run(results, "smollm2-135m", "Server")

@@ -4,11 +4,20 @@ token (TPOT: the rest of the sample's latency over its remaining n_tokens - 1) a
 They become performance figures `ttft_<stat>_ns`, `tpot_<stat>_ns` (stat: min, max, mean, p50, p90,
 p95, p97, p99, p99_9) and `tokens_per_second` (Offline) / `completed_tokens_per_second` (Server), so
 the database names them `<scenario>.ttft_p90_ns` and so on (record_metrics: lower is better for
-`_ns`, higher for `per_second`)."""
+`_ns`, higher for `per_second`).
+
+LoadGen does not report the inter-token latency distribution or goodput; the token SUT keeps every
+token's time and `sut_token_figures` adds them, measured on the SUT's clock from issue_query (a few
+microseconds after LoadGen's issue): `itl_<stat>_ns` (the gaps between consecutive tokens of a
+sample, over all samples) and, when the run has TTFT and TPOT limits, `goodput_fraction` (samples
+whose TTFT and TPOT both met them), `goodput_samples` and `goodput_samples_per_second` (those samples
+over the test's span, first issue to last token), and the limits as text (`goodput_limits`). A sample's
+TPOT here is LoadGen's: the time from its first token to its last over n_tokens - 1."""
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 _PERCENTILE = re.compile(r"^(\d+(?:\.\d+)?) percentile (first token latency|time to output token) \(ns\)$")
 _STAT = re.compile(r"^(Min|Max|Mean) (First Token latency|Time per Output Token) \(ns\)$")
@@ -36,10 +45,43 @@ def token_figures(raw: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _rank(ordered: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of sorted values (the smallest value with `fraction` of them at or below)."""
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def sut_token_figures(samples: Sequence[tuple[int, Sequence[int]]], ttft_limit_ms: float | str | None = None,
+                      tpot_limit_ms: float | str | None = None) -> dict[str, Any]:
+    """`samples`: (issued ns, [each token's time ns]) per completed sample. The inter-token latency
+    distribution, and goodput when both limits are given (see the module's doc)."""
+    gaps = sorted(b - a for _, times in samples for a, b in zip(times, times[1:]))
+    found: dict[str, Any] = {}
+    if gaps:
+        found.update({f"itl_{name}_ns": int(_rank(gaps, fraction)) for name, fraction in
+                      (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))})
+        found.update(itl_min_ns=int(gaps[0]), itl_max_ns=int(gaps[-1]), itl_mean_ns=int(sum(gaps) / len(gaps)))
+    timed = [(issued, times) for issued, times in samples if times]
+    if ttft_limit_ms is None or tpot_limit_ms is None or not timed:
+        return found
+    ttft_limit_ms, tpot_limit_ms = float(ttft_limit_ms), float(tpot_limit_ms)  # user.conf values are text
+    good = 0
+    for issued, times in timed:
+        ttft = times[0] - issued
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+        good += ttft <= ttft_limit_ms * 1e6 and tpot <= tpot_limit_ms * 1e6
+    span_s = (max(times[-1] for _, times in timed) - min(issued for issued, _ in timed)) / 1e9
+    found.update(goodput_fraction=good / len(timed), goodput_samples=good,
+                 goodput_samples_per_second=good / span_s if span_s > 0 else 0.0,
+                 goodput_limits=f"TTFT <= {float(ttft_limit_ms):g} ms and TPOT <= {float(tpot_limit_ms):g} ms")
+    return found
+
+
 def summary_lines(performance: Mapping[str, Any]) -> list[str]:
-    """What a run's summary prints of its token figures: TTFT and TPOT p50/p90/p99 in ms, tokens/s."""
+    """What a run's summary prints of its token figures: TTFT, TPOT and inter-token latency p50/p90/p99
+    in ms, tokens/s, goodput."""
     lines = []
-    for kind, label in (("ttft", "time to first token (TTFT)"), ("tpot", "time per output token (TPOT)")):
+    for kind, label in (("ttft", "time to first token (TTFT)"), ("tpot", "time per output token (TPOT)"),
+                        ("itl", "inter-token latency (SUT)")):
         parts = [f"{p} {performance[f'{kind}_{p}_ns'] / 1e6:.2f} ms" for p in ("p50", "p90", "p99")
                  if isinstance(performance.get(f"{kind}_{p}_ns"), (int, float))]
         if parts:
@@ -48,4 +90,8 @@ def summary_lines(performance: Mapping[str, Any]) -> list[str]:
                        ("completed_tokens_per_second", "completed output tokens per second")):
         if isinstance(performance.get(key), (int, float)):
             lines.append(f"  {label} : {performance[key]:.2f}")
+    if isinstance(performance.get("goodput_fraction"), (int, float)):
+        lines.append(f"  goodput ({performance.get('goodput_limits', 'the limits')}) : "
+                     f"{100 * performance['goodput_fraction']:.1f}% of samples, "
+                     f"{performance['goodput_samples_per_second']:.2f} samples/s")
     return lines

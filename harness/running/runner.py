@@ -350,6 +350,7 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
         record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
     summary = parse_summary(dest / "mlperf_log_summary.txt")
     summary["wall_seconds"] = round(elapsed, 3)
+    summary.update(facts.pop("token_figures", None) or {})
     problems = detail_problems(dest / "mlperf_log_detail.txt")
     record.loadgen[mode] = {"logs": kept, **problems, "sut": facts}
     if mode == "accuracy":
@@ -437,9 +438,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     if getattr(runtime, "generative", False):  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
         from sut.llm.token_sut import TokenStreamingSUT
 
-        sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario)
-        if facts is not None:
-            facts.update(issue_path="python", batch_wait_ms=0.0)  # the token SUT takes LoadGen's Python callback
+        sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario,
+                                batching=options["llm_batching"], max_batch_size=options["max_batch_size"],
+                                warm_sequences=options["max_batch_size"] if options["warmup_queries"] else 0)
+        if facts is not None:  # the token SUT takes LoadGen's Python callback
+            facts.update(issue_path="python", batch_wait_ms=0.0, **sut.describe())
     else:
         sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
                               scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
@@ -495,4 +498,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                 lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
         finally:
             elapsed = time.perf_counter() - started
+    if facts is not None and hasattr(sut, "token_figures"):  # inter-token latency, goodput (issue 19)
+        facts["token_figures"] = sut.token_figures(settings.loadgen.get("ttft_latency"),
+                                                   settings.loadgen.get("tpot_latency"))
     return sut.failure, elapsed

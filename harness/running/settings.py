@@ -33,13 +33,16 @@ LOADGEN_KEYS = frozenset({
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
                           "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
                           "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms",
-                          "cuda_graphs"})  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
+                          "cuda_graphs",  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
+                          "llm_batching"})  # llm_batching: a generative model's scheduling (docs/llm.md)
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
-                                           "execution_mode": ("sequential", "parallel")}
+                                           "execution_mode": ("sequential", "parallel"),
+                                           # a generative model's scheduling in Offline and Server (sut.llm.token_sut)
+                                           "llm_batching": ("continuous", "static")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
-                                    "batch_wait_ms": 0.0}
+                                    "batch_wait_ms": 0.0, "llm_batching": "continuous"}
 _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms"})
 _ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
                            "batch_wait_ms"})

@@ -3,11 +3,22 @@
 same file, and a greedy decode loop of its own that reports every token as it is made, so the SUT can
 tell LoadGen the first token's time (FirstTokenComplete) and the finished sequence's token count.
 
-One sequence at a time (static batch 1): continuous batching is not built yet. `predict` is not the
-way in: generative models run through sut.llm, never through the tensor SUT."""
+Two ways to generate:
+- `generate(prompt_ids, on_token)`: one sequence, the engine's own greedy loop (prefill, then one token a
+  step with a DynamicCache). SingleStream uses it, and it is the "plain loop" bench/llm_efficiency.py
+  compares with.
+- `open_batch(max_sequences, max_sequence_tokens)`: a session over transformers' own continuous
+  batching (`init_continuous_batching`, a ContinuousBatchingManager): sequences submitted to it share
+  every forward step (ragged, no padding: each step packs the new prompts' tokens and one token of every
+  decoding sequence), the KV cache is paged and a finished sequence's pages are freed at once. The SUT
+  (sut.llm.token_sut) decides when a sequence is submitted (continuous or static batching).
+`predict` is not the way in: generative models run through sut.llm, never through the tensor SUT."""
 from __future__ import annotations
 
+import itertools
+import math
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -124,6 +135,12 @@ class TransformersLLMBackend(Backend):
                 step_input = torch.tensor([[token]], dtype=torch.long)
         return out[:count]
 
+    def open_batch(self, max_sequences: int, max_sequence_tokens: int) -> "TransformersBatchSession":
+        """A session of transformers' continuous batching for at most `max_sequences` sequences at once, each
+        at most `max_sequence_tokens` long (prompt and new tokens). Close it before `generate` is used again:
+        the manager swaps the model's attention to a paged one while it runs."""
+        return TransformersBatchSession(self, max_sequences, max_sequence_tokens)
+
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise UserError("the transformers backend generates tokens (sut.llm); it has no one-shot predict")
 
@@ -133,10 +150,110 @@ class TransformersLLMBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "engine": "transformers (fp32, dequantized from GGUF)",
-                "decoding": "greedy", "batching": "static, one sequence at a time",
+                "decoding": "greedy",
+                "batching": "one sequence at a time (generate) or transformers' continuous batching (open_batch)",
                 "context_window": getattr(self, "context_window", None),
                 "max_new_tokens": getattr(self, "max_new_tokens", None)}
 
     @property
     def supports_batching(self) -> bool:
         return False
+
+
+class TransformersBatchSession:
+    """Sequences generated together by transformers' ContinuousBatchingManager (its background thread runs
+    the forward steps; at each step its FIFO scheduler adds waiting sequences while there is room in the
+    step and in the paged KV cache, and frees a finished sequence's pages). A dispatcher thread here reads
+    the manager's streamed outputs and calls each sequence's `on_token(token, position)` for every new
+    token and `on_done(tokens, error)` once: the generated ids (int64) or the error.
+
+    The cache is sized for `max_sequences` sequences of `max_sequence_tokens` (pages of 32 tokens); a step
+    holds at most `max_sequences` sequences. The session adds no admission control of its own: the SUT
+    submits a sequence only when it wants it in the running batch."""
+
+    PAGE_TOKENS = 32
+
+    def __init__(self, backend: TransformersLLMBackend, max_sequences: int, max_sequence_tokens: int):
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+        from transformers.utils import logging as hf_logging
+
+        if max_sequences < 1 or max_sequence_tokens < 1:
+            raise UserError(f"the transformers engine's batch needs at least one sequence of one token, got "
+                            f"{max_sequences} sequences of {max_sequence_tokens} tokens")
+        # The manager logs each start and stop (and a flash-attention hint) at info/warning level.
+        hf_logging.get_logger("transformers.generation.continuous_batching.continuous_api").setLevel(40)
+        self.max_new_tokens = backend.max_new_tokens
+        pages = max_sequences * math.ceil(max_sequence_tokens / self.PAGE_TOKENS) + max_sequences
+        config = ContinuousBatchingConfig(
+            max_requests_per_batch=max_sequences, num_blocks=pages, page_size=self.PAGE_TOKENS,
+            max_batch_tokens=max(256, min(4096, max_sequences * max_sequence_tokens)), scheduler_type="fifo")
+        generation = GenerationConfig(max_new_tokens=backend.max_new_tokens, do_sample=False,
+                                      eos_token_id=sorted(backend.stop_ids) or -1)
+        self._manager = backend.lm.init_continuous_batching(generation_config=generation,
+                                                            continuous_batching_config=config)
+        self._sequences: dict[str, list[Any]] = {}  # request id -> [on_token, on_done, tokens reported]
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._closing = threading.Event()
+        self._manager.start()
+        self._dispatcher = threading.Thread(target=self._dispatch, name="mlharness-llm-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    def submit(self, prompt_ids: np.ndarray, on_token: Callable[[int, int], None] | None,
+               on_done: Callable[[np.ndarray | None, BaseException | None], None]) -> None:
+        request_id = f"seq-{next(self._ids)}"
+        with self._lock:
+            self._sequences[request_id] = [on_token, on_done, 0]
+        added = self._manager.add_request([int(t) for t in prompt_ids], request_id=request_id, streaming=True,
+                                          max_new_tokens=self.max_new_tokens)
+        if added is None:  # the manager refused it (stopped or failed)
+            self._finish(request_id, None, RuntimeError("transformers' continuous batching refused the sequence "
+                                                        "(its manager is stopped)"))
+
+    def _finish(self, request_id: str, tokens: np.ndarray | None, error: BaseException | None) -> None:
+        with self._lock:
+            entry = self._sequences.pop(request_id, None)
+        if entry is not None:
+            entry[1](tokens, error)
+
+    def _dispatch(self) -> None:
+        manager = self._manager
+        while True:
+            output = manager.get_result(timeout=0.05)
+            if output is None:
+                if manager.background_thread_status.fatal_error is not None:
+                    break
+                if self._closing.is_set() and (not self._sequences or not manager.is_running()):
+                    break
+                continue
+            with self._lock:
+                entry = self._sequences.get(output.request_id)
+            if entry is None:
+                continue
+            on_token, _, reported = entry
+            generated = output.generated_tokens
+            try:
+                if on_token is not None:
+                    for position in range(reported, len(generated)):
+                        on_token(int(generated[position]), position)
+                entry[2] = len(generated)
+            except BaseException as exc:  # the SUT's callback: end this sequence with its error
+                self._finish(output.request_id, None, exc)
+                continue
+            if output.error is not None:
+                self._finish(output.request_id, None, RuntimeError(f"transformers' continuous batching: "
+                                                                   f"{output.error}"))
+            elif output.is_finished():
+                self._finish(output.request_id, np.asarray(generated, dtype=np.int64), None)
+        error = manager.background_thread_status.fatal_error or RuntimeError(
+            "the continuous-batching session closed before the sequence finished")
+        for request_id in list(self._sequences):
+            self._finish(request_id, None, error if isinstance(error, BaseException) else RuntimeError(str(error)))
+
+    def close(self) -> None:
+        """Stop the manager (sequences still running fail with an error) and restore the model's attention."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._manager.stop(block=True, hard_stop=bool(self._sequences))
+        self._dispatcher.join()

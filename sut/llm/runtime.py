@@ -76,10 +76,6 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
     if backend_name == "null":
         raise UserError(f"{model.path}: the null backend does not generate tokens; run a generative model on "
                         f"{model.framework}")
-    batch = int(options.get("max_batch_size") or 1)
-    if batch != 1:
-        raise UserError(f"max_batch_size: expected 1 for a generative model (the {backend_name} engine generates "
-                        f"one sequence at a time; continuous batching is not built yet), got {batch}")
     seconds: dict[str, Any] = {}
     with _timed(seconds, "resolve_seconds"):
         model_sources = resolve_sources(model)

