@@ -123,6 +123,15 @@ Description = Annotated[str, Field(description="a description")]
 Mapping = Annotated[dict[str, Any], Field(description="a mapping")]
 
 
+class ManifestDoc(Doc):
+    """What every manifest has: its kind (each kind's schema names its own), name, version, description."""
+
+    kind: str = Field(description="the manifest's kind")
+    name: Name
+    version: Version
+    description: Description = ""
+
+
 # -- shared parts ------------------------------------------------------------------------------------
 
 class Conversion(Doc):
@@ -273,14 +282,11 @@ FRAMEWORK_RULES = {"allOf": [
 ]}
 
 
-class ModelDoc(Doc):
+class ModelDoc(ManifestDoc):
     model_config = ConfigDict(json_schema_extra=FRAMEWORK_RULES)
     expected: ClassVar[str] = "a mapping with kind: model"
 
     kind: Literal["model"] = Field(description="'model'")
-    name: Name
-    version: Version
-    description: Description = ""
     framework: Framework = Field(description=Framework.expected)
     mlperf_benchmark: str | None = Field(None, description="an MLPerf benchmark name")
     inputs: list[Tensor] = Field(min_length=1, description="a non-empty list of tensors")
@@ -322,13 +328,10 @@ class ModelDoc(Doc):
 
 # -- dataset, software, hardware, reference -----------------------------------------------------------
 
-class DatasetDoc(Doc):
+class DatasetDoc(ManifestDoc):
     expected: ClassVar[str] = "a mapping with kind: dataset"
 
     kind: Literal["dataset"] = Field(description="'dataset'")
-    name: Name
-    version: Version
-    description: Description = ""
     sources: dict[Any, Artifact] = Field(default_factory=dict, description="a mapping name -> {uri, sha256}")
     samples: Code
     load: Code | None = None
@@ -342,13 +345,10 @@ PackageConstraint = Annotated[str, _version_constraint("a version constraint suc
                               Field(json_schema_extra={"pattern": CONSTRAINT_PATTERN})]
 
 
-class SoftwareDoc(Doc):
+class SoftwareDoc(ManifestDoc):
     expected: ClassVar[str] = "a mapping with kind: software"
 
     kind: Literal["software"] = Field(description="'software'")
-    name: Name
-    version: Version
-    description: Description = ""
     packages: dict[str, PackageConstraint | None] = Field(
         default_factory=dict, description="a mapping package -> version constraint")
     environment: dict[str, Any] = Field(default_factory=dict, description="a mapping VAR -> value")
@@ -368,16 +368,13 @@ class TensorRT(Doc):
 ThreadCount = Annotated[int, Field(ge=0, description="a thread count >= 0 (0 = automatic)")]
 
 
-class HardwareDoc(Doc):
+class HardwareDoc(ManifestDoc):
     model_config = ConfigDict(json_schema_extra={"allOf": [{
         "if": {"properties": {"device": {"const": "cpu"}}, "required": ["tensorrt"]},
         "then": {"properties": {"tensorrt": {"required": ["enabled"], "properties": {"enabled": {"const": False}}}}}}]})
     expected: ClassVar[str] = "a mapping with kind: hardware"
 
     kind: Literal["hardware"] = Field(description="'hardware'")
-    name: Name
-    version: Version
-    description: Description = ""
     device: str = Field(pattern=DEVICE.pattern, description="cpu or cuda:N")
     intra_op_threads: ThreadCount = 0
     inter_op_threads: ThreadCount = 0
@@ -417,13 +414,10 @@ class OutputCheck(Doc):
     atol: float | None = Field(None, ge=0, description="an absolute tolerance >= 0")
 
 
-class ReferenceDoc(Doc):
+class ReferenceDoc(ManifestDoc):
     expected: ClassVar[str] = "a mapping with kind: reference"
 
     kind: Literal["reference"] = Field(description="'reference'")
-    name: Name
-    version: Version
-    description: Description = ""
     model: Identity = Field(description=Identity.expected)
     dataset: Identity = Field(description=Identity.expected)
     backend: str = Field(min_length=1, description="a backend name")
