@@ -78,11 +78,12 @@ class DeviceStagedSamples(StagedSamples):
         self._device_rows: list[Feed] = []
 
     def load_samples(self, indices: Sequence[int]) -> None:
-        super().load_samples(indices)  # host staging and every check, as on the CPU
-        if not self.arrays:
+        indices = list(indices)
+        if not indices:
             return
+        super().load_samples(indices)  # host staging and every check, as on the CPU
         device_arrays = self.staging.put(self.arrays)
-        rows = [self.staging.row_feed(device_arrays, row) for row in range(len(list(indices)))]
+        rows = [self.staging.row_feed(device_arrays, row) for row in range(len(indices))]
         with self._lock:
             self.device_arrays, self._device_rows = device_arrays, rows
 

@@ -13,7 +13,6 @@ from typing import Any, Sequence
 import numpy as np
 
 
-
 class TorchDevice:
     """One device's per-thread state: the thread's stream (made current for it, so staging's gather
     and predict queue on the same stream) and its pinned host buffers."""
@@ -88,6 +87,7 @@ class TorchStaging:
 
     def put(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         torch, on = self.on.torch, self.on
+        on.stream()  # the copies below queue on this thread's stream, which synchronize() then waits for
         staged = {}
         for name, array in arrays.items():
             host = torch.from_numpy(array)
