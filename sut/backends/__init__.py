@@ -20,9 +20,10 @@ _REGISTRY: dict[str, Target] = {
     "null": "sut.backends.null_backend:NullBackend",
     # A generative model (a causal LM, manifests with `generation:`): runs through sut.llm, token by token.
     "transformers": "sut.backends.llm_transformers:TransformersLLMBackend",
+    "llama_cpp": "sut.backends.llm_llamacpp:LlamaCppLLMBackend",  # the same GGUF file run by llama.cpp
 }
 # name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
-_EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch", "transformers": "llm"}
+_EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch", "transformers": "llm", "llama_cpp": "llm"}
 # name -> entry point not loaded yet; read at first use, loaded when its backend is created.
 
 

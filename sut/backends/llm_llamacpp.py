@@ -1,0 +1,146 @@
+"""The llama.cpp engine for generative models (issue 19): the GGUF file run by llama.cpp itself through
+llama-cpp-python (`llama_cpp.Llama`, built from source by `make setup`, docs/llm.md), with the weights as
+the file stores them (Q4_1 here; the transformers engine dequantizes them to fp32). The tokenizer is the
+model's own (llama.cpp's vocabulary from the GGUF file) and the chat template is the GGUF's own
+`tokenizer.chat_template`, rendered by llama-cpp-python's Jinja2 chat formatter (the same Jinja settings
+as transformers'), so a prompt becomes the same token ids as on the transformers engine.
+
+Greedy decoding (llama.cpp's greedy sampler: temperature 0), one token per `Llama.generate` step, each
+reported as it is made so the SUT can call FirstTokenComplete at the first. The KV cache is cleared
+before every sequence: llama-cpp-python would otherwise reuse the previous prompt's matching prefix
+(the chat template's system turn), which would make a sample's time and even its tokens depend on the
+sample before it.
+
+One sequence at a time: llama-cpp-python's high-level API holds one sequence per context (its
+`Llama` object has one token history and one sampler), so it offers no parallel sequences usable from
+Python; there is no `open_batch`, and the token SUT runs this engine sequentially in every scenario."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UserError
+from sut.backends.base import Backend
+from sut.backends.llm_transformers import check_gguf
+
+SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
+
+
+class LlamaCppLLMBackend(Backend):
+    name = "llama_cpp"
+    framework = "llama_cpp"
+    generative = True
+
+    def load(self) -> None:
+        spec = self.model.generation
+        if spec is None:
+            raise UserError(f"{self.model.path}: generation: the llama_cpp backend runs generative models only")
+        weights = self.sources.get("weights")
+        if weights is None:
+            raise UserError(f"{self.model.path}: sources.weights: expected the model's GGUF file")
+        check_gguf(Path(weights))
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        # intra_op_threads (the hardware manifest's, or the run's --set) for the decode steps and the prompt
+        # alike; 0 leaves llama-cpp-python's defaults (half the CPUs decode, all of them prefill).
+        threads = self.intra_op_threads or None
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(weights), n_ctx=int(spec.context_window or 0),  # 0: the model's own window
+                n_threads=threads, n_threads_batch=threads, seed=SEED, logits_all=False, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UserError(f"sources.weights: llama.cpp cannot load {weights}: {first}") from None
+        self.threads = {"decode": int(self.llm.context_params.n_threads),
+                        "prompt": int(self.llm.context_params.n_threads_batch)}
+        own_window = int(self.llm._model.n_ctx_train())
+        if spec.context_window and own_window and spec.context_window > own_window:
+            raise UserError(f"{self.model.path}: generation.context_window: expected at most the model's own "
+                            f"{own_window} tokens, got {spec.context_window}")
+        # The manifest's window when it sets one (llama.cpp may pad its context beyond it), else the model's.
+        self.context_window = int(spec.context_window or self.llm.n_ctx())
+        self.template = None
+        if spec.chat_template:
+            text = self.llm.metadata.get("tokenizer.chat_template")
+            if not text:
+                raise UserError(f"sources.weights: {weights} has no tokenizer.chat_template, and "
+                                f"{self.model.path} asks for the chat template (generation.chat_template: true)")
+            vocab = self.llm._model
+            self.template = Jinja2ChatFormatter(template=text, eos_token=vocab.token_get_text(self.llm.token_eos()),
+                                                bos_token=vocab.token_get_text(self.llm.token_bos()),
+                                                add_generation_prompt=True)
+        eos = int(self.llm.token_eos())
+        self.stop_ids = {eos} if eos >= 0 else set()
+        for text in spec.stop:
+            ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            if len(ids) != 1:
+                raise UserError(f"{self.model.path}: generation.stop: expected strings that are one token each, "
+                                f"got {text!r} ({len(ids)} tokens)")
+            self.stop_ids.add(int(ids[0]))
+        self.max_new_tokens = spec.max_new_tokens
+
+    # prompts ---------------------------------------------------------------------------------
+    def encode(self, prompt: str) -> np.ndarray:
+        """The prompt's token ids (int64), in the chat template as one user turn when the manifest asks;
+        special tokens written in the text (<|im_start|>) are parsed as such, as transformers does."""
+        spec = self.model.generation
+        if self.template is not None:
+            turns = ([{"role": "system", "content": spec.system_prompt}] if spec.system_prompt is not None else []) \
+                + [{"role": "user", "content": prompt}]
+            text = self.template(messages=turns).prompt
+            ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        else:  # the model's own BOS/EOS flags decide what is added
+            ids = self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        return np.asarray(ids, dtype=np.int64)
+
+    def decode(self, ids: np.ndarray) -> str:
+        return self.llm.detokenize([int(i) for i in ids], special=False).decode("utf-8", errors="replace")
+
+    # generation ------------------------------------------------------------------------------
+    def generate(self, prompt_ids: np.ndarray, on_token: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Greedy decoding of one sequence: prefill the prompt, then one token per step, until a stop token
+        (kept, and counted) or max_new_tokens. `on_token(token_id, position)` is called as each token is
+        chosen (position 0 is the first). Returns the generated ids (int64)."""
+        llm = self.llm
+        out = np.empty(self.max_new_tokens, dtype=np.int64)
+        count = 0
+        llm.reset()  # no prefix reuse from the previous sequence (see the module's docstring)
+        steps = llm.generate([int(t) for t in prompt_ids], top_k=1, temp=0.0, repeat_penalty=1.0, reset=True)
+        try:
+            for token in steps:
+                out[count] = token
+                if on_token is not None:
+                    on_token(int(token), count)
+                count += 1
+                if token in self.stop_ids or count >= self.max_new_tokens:
+                    break
+        finally:
+            steps.close()
+        return out[:count]
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise UserError("the llama_cpp backend generates tokens (sut.llm); it has no one-shot predict")
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.close()
+
+    def describe(self) -> dict[str, Any]:
+        import llama_cpp
+
+        return {**super().describe(), "engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, "
+                                                f"weights as stored in the GGUF file)",
+                "threads": getattr(self, "threads", None), "decoding": "greedy",
+                "batching": "one sequence at a time (llama-cpp-python's Llama holds one sequence)",
+                "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+                "context_window": getattr(self, "context_window", None),
+                "max_new_tokens": getattr(self, "max_new_tokens", None)}
+
+    @property
+    def supports_batching(self) -> bool:
+        return False
