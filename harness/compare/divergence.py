@@ -1,11 +1,22 @@
 """Cross-backend divergence: run one model's manifests for two backends on the same samples (same
 dataset, each manifest's own preprocessing) and compare, per model output and for the
 postprocessed result, the max absolute difference, the cosine similarity per sample and the
-top-1 agreement. Frameworks load through sut/ only when a comparison runs."""
+top-1 agreement. Frameworks load through sut/ only when a comparison runs.
+
+A generative model (manifests with `generation:`, issue 19) is compared by its tokens instead: both
+engines tokenize every prompt and generate greedily (outside LoadGen, as an accuracy run does); per
+sample, whether the prompt ids are the same, whether the generated ids are, the position of the first
+differing generated token and the token agreement (the tokens before that position over the longer
+answer's length: after the first difference the engines continue from different texts, so later
+positions are not compared). `compare_generation_logs` does the same from two accuracy runs'
+generations.jsonl files (the token ids LoadGen logged)."""
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,9 +163,190 @@ def compare_arrays(name: str, role: str, spec: TensorSpec | None, a: np.ndarray,
                             tuple(problems))
 
 
+# -- generative models: token agreement -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """One sample's generation by one engine: its prompt ids (None when read from an accuracy log, which
+    holds only the generated ids), the generated ids and their text."""
+
+    sample: int
+    prompt: tuple[int, ...] | None
+    generated: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class SampleAgreement:
+    sample: int
+    same_prompt: bool | None  # None when a side's prompt ids are unknown
+    first_difference: int | None  # the first generated position where the engines differ; None: identical
+    agreement: float  # tokens before first_difference / the longer answer's length (1.0 when identical)
+    tokens: tuple[tuple[int, ...], tuple[int, ...]]
+    texts: tuple[str, str]
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (a missing token counts), None when equal."""
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agree(a: SampleTokens, b: SampleTokens) -> SampleAgreement:
+    position = first_difference(a.generated, b.generated)
+    longest = max(len(a.generated), len(b.generated))
+    agreement = 1.0 if position is None else (position / longest if longest else 1.0)
+    same_prompt = None if a.prompt is None or b.prompt is None else a.prompt == b.prompt
+    return SampleAgreement(a.sample, same_prompt, position, agreement, (a.generated, b.generated), (a.text, b.text))
+
+
+@dataclass
+class TokenAgreementReport:
+    model: str
+    dataset: str
+    backends: tuple[str, str]
+    min_sequence_agreement: float
+    samples: list[SampleAgreement] = field(default_factory=list)
+    manifests: dict[str, dict[str, str]] = field(default_factory=dict)
+    source: str = "generated"  # "generated" (both engines run here) or "accuracy logs"
+
+    @property
+    def sequence_agreement(self) -> float:
+        """The fraction of samples whose generated ids are identical."""
+        return sum(s.first_difference is None for s in self.samples) / len(self.samples) if self.samples else 1.0
+
+    @property
+    def token_agreement(self) -> float:
+        """The mean over samples of the tokens before the first difference over the longer answer."""
+        return float(np.mean([s.agreement for s in self.samples])) if self.samples else 1.0
+
+    @property
+    def prompt_agreement(self) -> float | None:
+        known = [s.same_prompt for s in self.samples if s.same_prompt is not None]
+        return sum(known) / len(known) if known else None
+
+    @property
+    def first_differences(self) -> dict[int, int]:
+        """First differing position -> how many samples first differ there."""
+        counts: dict[int, int] = {}
+        for s in self.samples:
+            if s.first_difference is not None:
+                counts[s.first_difference] = counts.get(s.first_difference, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @property
+    def problems(self) -> list[str]:
+        problems = []
+        if self.prompt_agreement is not None and self.prompt_agreement < 1.0:
+            differ = [s.sample for s in self.samples if s.same_prompt is False]
+            problems.append(f"prompt ids differ for {len(differ)} samples (first: {differ[:5]}): the engines "
+                            f"tokenize differently, so their generations are not comparable")
+        if self.sequence_agreement < self.min_sequence_agreement:
+            problems.append(f"sequence agreement {self.sequence_agreement:.4f} < {self.min_sequence_agreement:g}")
+        return problems
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "kind": "token_agreement", "model": self.model,
+                "dataset": self.dataset, "backends": list(self.backends), "source": self.source,
+                "samples": len(self.samples), "manifests": self.manifests,
+                "prompt_agreement": self.prompt_agreement, "sequence_agreement": self.sequence_agreement,
+                "token_agreement": self.token_agreement,
+                "first_differences": {str(k): v for k, v in self.first_differences.items()},
+                "min_sequence_agreement": self.min_sequence_agreement,
+                "per_sample": [{"sample": s.sample, "same_prompt": s.same_prompt,
+                                "first_difference": s.first_difference, "agreement": s.agreement,
+                                "tokens": [list(t) for t in s.tokens], "texts": list(s.texts)} for s in self.samples],
+                "problems": self.problems, "verdict": "PASS" if self.passed else "FAIL"}
+
+    def text(self, shown: int = 10) -> str:
+        a, b = self.backends
+        n = len(self.samples)
+        differ = [s for s in self.samples if s.first_difference is not None]
+        prompts = self.prompt_agreement
+        lines = [f"{self.model} on {self.dataset} ({n} samples, {self.source}): {a} vs {b}",
+                 f"  prompt ids identical     : {'-' if prompts is None else f'{prompts:.4f}'}",
+                 f"  generations identical    : {self.sequence_agreement:.4f} ({n - len(differ)}/{n})",
+                 (f"  token agreement          : {self.token_agreement:.4f} (tokens before the first difference / "
+                  f"the longer answer, mean over samples)")]
+        if differ:
+            where = ", ".join(f"position {k}: {v}" for k, v in self.first_differences.items())
+            lines.append(f"  first differing token at : {where}")
+            for s in differ[:shown]:
+                lines.append(f"  sample {s.sample}: differs at {s.first_difference}: {a} {list(s.tokens[0])} "
+                             f"{s.texts[0]!r} vs {b} {list(s.tokens[1])} {s.texts[1]!r}")
+            if len(differ) > shown:
+                lines.append(f"  ... {len(differ) - shown} more in the JSON report")
+        lines += [f"  {problem}" for problem in self.problems]
+        lines.append(f"result: {'PASS' if self.passed else 'FAIL'} (generations identical >= "
+                     f"{self.min_sequence_agreement:g})")
+        return "\n".join(lines) + "\n"
+
+
+def collect_generations(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend: str,
+                        limit: int = 0) -> list[SampleTokens]:
+    """Tokenize every prompt (the first `limit`) and generate greedily on `backend`, outside LoadGen."""
+    from sut.llm.runtime import build_llm_runtime
+
+    runtime = build_llm_runtime(model, dataset, hardware, backend, {"dataset_limit": limit, "max_batch_size": 1})
+    try:
+        engine = runtime.backend
+        collected = []
+        for index in range(len(runtime.staged)):
+            prompt = runtime.staged.prompt(index)
+            generated = engine.generate(prompt)
+            collected.append(SampleTokens(index, tuple(int(t) for t in prompt), tuple(int(t) for t in generated),
+                                          engine.decode(generated)))
+    finally:
+        runtime.backend.close()
+    return collected
+
+
+def _token_report(model_name: str, dataset: str, backends: tuple[str, str], first: list[SampleTokens],
+                  second: list[SampleTokens], min_agreement: float, source: str) -> TokenAgreementReport:
+    by_sample = {s.sample: s for s in second}
+    missing = [s.sample for s in first if s.sample not in by_sample]
+    if missing or len(first) != len(second):
+        raise UserError(f"the two sides hold different samples ({len(first)} vs {len(second)}; "
+                        f"first missing from {backends[1]}: {missing[:5]})")
+    report = TokenAgreementReport(model_name, dataset, backends, min_agreement, source=source)
+    report.samples = [agree(s, by_sample[s.sample]) for s in first]
+    return report
+
+
+def read_generations(path: Path) -> list[SampleTokens]:
+    """An accuracy run's generations.jsonl (harness.running.llm_accuracy): one sample a line."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (an accuracy run of a generative model writes accuracy/generations.jsonl)")
+    samples = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            samples.append(SampleTokens(int(row["sample"]), None, tuple(int(t) for t in row["tokens"]),
+                                        str(row.get("text", ""))))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path}:{number}: expected a JSON line with sample and tokens, got {line[:80]!r} "
+                            f"({type(exc).__name__}: {exc})") from None
+    return sorted(samples, key=lambda s: s.sample)
+
+
+def compare_generation_logs(paths: tuple[Path, Path], min_agreement: float = 1.0) -> TokenAgreementReport:
+    """Token agreement between two accuracy runs' generations.jsonl (the ids LoadGen logged)."""
+    first, second = (read_generations(Path(p)) for p in paths)
+    names = tuple(str(p) for p in paths)
+    return _token_report("-", "-", names, first, second, min_agreement, "accuracy logs")  # type: ignore[arg-type]
+
+
 def compare_backends(index: SpecIndex, model_name: str, dataset_name: str | None, backends: tuple[str, str],
                      tolerance: Tolerance, hardware: str = "cpu", limit: int = 0,
-                     batch_size: int = 0) -> DivergenceReport:
+                     batch_size: int = 0) -> DivergenceReport | TokenAgreementReport:
     from harness.running.runner import select_model
 
     if len(backends) != 2 or backends[0] == backends[1]:
@@ -172,6 +364,17 @@ def compare_backends(index: SpecIndex, model_name: str, dataset_name: str | None
         # the same environment a run gets from the software manifest (e.g. HF_HUB_OFFLINE)
         for var, value in index.find("software", name).environment.items():
             os.environ.setdefault(var, value)
+    generative = [m.generation is not None for m in manifests]
+    if any(generative):
+        if not all(generative):
+            raise UserError(f"model {model_name!r}: the {backends[generative.index(False)]} manifest is not generative "
+                            f"and the {backends[generative.index(True)]} one is; compare two engines of one kind")
+        first_tokens, second_tokens = (collect_generations(m, dataset, hardware_manifest, name, limit)
+                                       for m, name in zip(manifests, backends))
+        report = _token_report(model_name, dataset.name, backends, first_tokens, second_tokens,
+                               tolerance.min_top1_agreement, "generated")
+        report.manifests = {name: m.identity() for m, name in zip(manifests, backends)}
+        return report
     collected = [collect(m, dataset, hardware_manifest, name, limit, batch_size) for m, name in zip(manifests, backends)]
     first, second = collected
     report = DivergenceReport(model_name, dataset.name, backends, len(first.result), tolerance,
