@@ -123,7 +123,7 @@ def problems_from(error: ValidationError, source: str, root: type[BaseModel], do
             found.append((loc, _line(source, path, expected, err["input"])))
     if isinstance(doc, dict):
         order = {key: i for i, key in enumerate(doc)}
-        found.sort(key=lambda item: order.get(item[0][0], len(order)) if item[0] else -1)
+        found.sort(key=lambda item: order.get(next(iter(item[0]), None), len(order)))
     return [line for _, line in found]
 
 
@@ -149,10 +149,10 @@ def _steps(root: type[BaseModel], loc: tuple[Any, ...]) -> list[tuple[str, Any, 
                 meta = [field.description, *field.metadata, *inner_meta]
             steps.append((f".{part}", current, meta))
         elif get_origin(base) is list:
-            current = get_args(base)[0] if get_args(base) else Any
+            current = get_args(base)[0]
             steps.append((f"[{part}]", current, _unwrap(current)[1]))
         elif get_origin(base) is dict:
-            current = get_args(base)[1] if get_args(base) else Any
+            current = get_args(base)[1]
             steps.append((f".{part}", current, _unwrap(current)[1]))
         else:
             current = Any
@@ -161,25 +161,24 @@ def _steps(root: type[BaseModel], loc: tuple[Any, ...]) -> list[tuple[str, Any, 
 
 
 def _path(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    return "".join(text for text, _, _ in _steps(root, loc)).lstrip(".")
+    return "".join(text for text, _, _ in _steps(root, loc)).removeprefix(".")
 
 
-def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool = False) -> str:
+def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool) -> str:
     """What the schema wants at `loc`: the Expect or description of the innermost step that has one,
-    or the mapping a model class stands for."""
+    or the mapping a model class stands for (every schema class is a specs.schema.Doc, which says)."""
     if not loc:
-        return getattr(root, "expected", "a mapping")
-    if is_key:
-        base, _ = _unwrap(_steps(root, loc[:-1])[-1][1] if loc[:-1] else root)
-        key_type = get_args(base)[0] if get_origin(base) is dict and get_args(base) else Any
-        return _text(_unwrap(key_type)[1]) or "a key"
+        return root.expected  # type: ignore[attr-defined]
+    if is_key:  # a key of a mapping field: loc is (..., the field, the key)
+        mapping, _ = _unwrap(_steps(root, loc[:-1])[-1][1])
+        return _text(_unwrap(get_args(mapping)[0])[1]) or "a key"
     _, current, meta = _steps(root, loc)[-1]
     text = _text(meta)
     if text:
         return text
     base, _ = _unwrap(current)
     if isinstance(base, type) and issubclass(base, BaseModel):
-        return getattr(base, "expected", "a mapping")
+        return base.expected  # type: ignore[attr-defined]
     if get_origin(base) is Literal:
         return f"one of {', '.join(map(str, get_args(base)))}"
     return _PLAIN.get(get_origin(base) or base, "a valid value")
@@ -200,8 +199,8 @@ def _text(meta: list[Any]) -> str | None:
         if isinstance(item, str) and item:
             return item
         description = getattr(item, "description", None)  # a Field(...) inside Annotated
-        if isinstance(description, str) and description:
-            return description
+        if description:
+            return str(description)
     return None
 
 
@@ -229,9 +228,8 @@ def _field(model: type[BaseModel], part: Any) -> Any:
 
 
 def _allowed(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The fields of the model at `loc` (an unknown field's parent, always a model)."""
     base = _unwrap(_steps(root, loc)[-1][1])[0] if loc else root
-    if not (isinstance(base, type) and issubclass(base, BaseModel)):
-        return []
     return sorted(field.alias or name for name, field in base.model_fields.items())
 
 

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import pytest
 import yaml
@@ -25,6 +25,7 @@ from specs.manifests import (
     DIM_NAME,
     Artifact,
     Conversion,
+    GenerationSpec,
     TensorRTOptions,
     TensorSpec,
     load_entry_point,
@@ -536,6 +537,26 @@ def test_a_good_reference_yields_every_field(tmp_path: Path) -> None:
     assert reference.outputs == ({"sample": 0, "values": [0.5], "atol": 0.1},)
     bare = load_manifest(write(tmp_path, "reference", {}, "bare.yaml"))
     assert (bare.accuracy, bare.performance, bare.outputs) == ({}, {}, ())
+    assert bare.model == {"name": "m", "version": "1.0.0"}  # no sha256 key where the file gives none
+
+
+GENERATIVE = {"framework.name": "transformers", "sources": {"weights": {"uri": "m.gguf", "sha256": SHA}}}
+
+
+def test_a_generative_model_yields_its_generation_settings(tmp_path: Path) -> None:
+    model = load_manifest(write(tmp_path, "model", {**GENERATIVE, "generation": {
+        "max_new_tokens": 8, "chat_template": False, "system_prompt": "be brief", "stop": ["\n\n", "END"],
+        "context_window": 64}}))
+    assert model.generation == GenerationSpec(max_new_tokens=8, decoding="greedy", chat_template=False,
+                                              system_prompt="be brief", stop=("\n\n", "END"), context_window=64)
+    assert model.generation.describe() == {"max_new_tokens": 8, "decoding": "greedy", "chat_template": False,
+                                           "system_prompt": "be brief", "stop": ["\n\n", "END"],
+                                           "context_window": 64}
+    assert model.sources["weights"] == Artifact("m.gguf", SHA)
+    least = load_manifest(write(tmp_path, "model", {**GENERATIVE, "generation": {"max_new_tokens": 2}}, "least.yaml"))
+    assert least.generation.describe() == {"max_new_tokens": 2, "decoding": "greedy", "chat_template": True,
+                                           "system_prompt": None, "stop": [], "context_window": None}
+    assert load_manifest(write(tmp_path, "model", {}, "tensor.yaml")).generation is None
 
 
 # -- loading: kind dispatch, sha256 and identity ----------------------------------------------------
@@ -677,6 +698,9 @@ class _Outer(Doc):
     keyed: dict[Annotated[str, Field(pattern="^[a-z]+$"), Expect("a lowercase key")], int] = Field(
         default_factory=dict, description="a mapping")
     renamed: int = Field(0, alias="from", description="R")
+    mode: Literal["fast", "slow"] = "fast"  # no description: the expectation is the Literal's choices
+    counts: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)  # ... or the plain type's
+    plain: dict[int, int] = Field(default_factory=dict)  # a key without an Expect
 
     @model_validator(mode="after")
     def _both(self) -> "_Outer":
@@ -699,8 +723,8 @@ def _problems(doc: Any) -> list[str]:
     ({"k": 3}, ["k: expected E, got 3"]),
     ({"k": ["y" * 100]}, [f"k: expected E, got ['{'y' * 55}..."]),
     ({"k": "x", "opt": 1}, ["opt: expected O, got 1"]),
-    ({"k": "x", "zz": 1, "z": 2}, ["zz: expected no such field (allowed: from, inner, items, k, keyed, opt)",
-                                   "z: expected no such field (allowed: from, inner, items, k, keyed, opt)"]),
+    ({"k": "x", "zz": 1, "z": 2}, ["zz: expected no such field (allowed: counts, from, inner, items, k, keyed, mode, opt, plain)",
+                                   "z: expected no such field (allowed: counts, from, inner, items, k, keyed, mode, opt, plain)"]),
     ({"k": "x", "items": "1"}, ["items: expected a list, got '1'"]),
     ({"k": "x", "items": [1, "2", 0]}, ["items[1]: expected an item, got '2'", "items[2]: expected a number other than 0, got 0"]),
     ({"k": "x", "inner": 5}, ["inner: expected a mapping {n}, got 5"]),
@@ -710,10 +734,22 @@ def _problems(doc: Any) -> list[str]:
     ({"k": "x", "keyed": {"ok": "1", "Bad": 2}}, ["keyed.ok: expected an integer, got '1'",
                                                   "keyed.Bad: expected a lowercase key, got 'Bad'"]),
     ({"k": "x", "from": "1"}, ["from: expected R, got '1'"]),
+    ({"k": "x", "mode": "medium"}, ["mode: expected one of fast, slow, got 'medium'"]),
+    ({"k": "x", "counts": [1, "2", -1]}, ["counts[1]: expected an integer, got '2'", "counts[2]: expected an integer, got -1"]),
+    ({"k": "x", "plain": {"a": 1}}, ["plain.a: expected a key, got 'a'"]),
     ({"k": "both"}, ["opt: expected not 'd' when k is both, got 'd'", "inner: expected a mapping when k is both"]),
 ])
 def test_problems_name_the_path_what_was_expected_and_the_value(doc: Any, problems: list[str]) -> None:
     assert _problems(doc) == [f"f.yaml: {line}" for line in problems]
+
+
+def test_problems_of_fields_a_document_lacks_come_after_those_it_has() -> None:
+    doc = {"inner": {"n": 0}, "from": "x"}  # k is missing
+    with pytest.raises(ValidationError) as info:
+        _Outer.model_validate(doc)
+    assert problems_from(info.value, "f", _Outer, doc) == [
+        "f: inner.n: expected a count >= 1, got 0", "f: from: expected R, got 'x'",
+        "f: k: expected E (required field is missing)"]
 
 
 def test_an_optional_field_given_empty_keeps_it_and_none_gives_the_default() -> None:
