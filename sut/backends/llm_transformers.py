@@ -135,6 +135,24 @@ class TransformersLLMBackend(Backend):
                 step_input = torch.tensor([[token]], dtype=torch.long)
         return out[:count]
 
+    def batch_configs(self, max_sequences: int, max_sequence_tokens: int) -> tuple[Any, Any]:
+        """(GenerationConfig, ContinuousBatchingConfig) of a batch session: greedy to max_new_tokens or a stop
+        token; a paged cache of 32-token pages for `max_sequences` sequences of `max_sequence_tokens`, at most
+        `max_sequences` sequences in a step (bench/llm_efficiency.py gives transformers' generate_batch the same)."""
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        if max_sequences < 1 or max_sequence_tokens < 1:
+            raise UserError(f"the transformers engine's batch needs at least one sequence of one token, got "
+                            f"{max_sequences} sequences of {max_sequence_tokens} tokens")
+        page = TransformersBatchSession.PAGE_TOKENS
+        pages = max_sequences * math.ceil(max_sequence_tokens / page) + max_sequences
+        batching = ContinuousBatchingConfig(
+            max_requests_per_batch=max_sequences, num_blocks=pages, page_size=page,
+            max_batch_tokens=max(256, min(4096, max_sequences * max_sequence_tokens)), scheduler_type="fifo")
+        generation = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      eos_token_id=sorted(self.stop_ids) or -1)
+        return generation, batching
+
     def open_batch(self, max_sequences: int, max_sequence_tokens: int) -> "TransformersBatchSession":
         """A session of transformers' continuous batching for at most `max_sequences` sequences at once, each
         at most `max_sequence_tokens` long (prompt and new tokens). Close it before `generate` is used again:
@@ -174,21 +192,12 @@ class TransformersBatchSession:
     PAGE_TOKENS = 32
 
     def __init__(self, backend: TransformersLLMBackend, max_sequences: int, max_sequence_tokens: int):
-        from transformers import ContinuousBatchingConfig, GenerationConfig
         from transformers.utils import logging as hf_logging
 
-        if max_sequences < 1 or max_sequence_tokens < 1:
-            raise UserError(f"the transformers engine's batch needs at least one sequence of one token, got "
-                            f"{max_sequences} sequences of {max_sequence_tokens} tokens")
+        generation, config = backend.batch_configs(max_sequences, max_sequence_tokens)
         # The manager logs each start and stop (and a flash-attention hint) at info/warning level.
         hf_logging.get_logger("transformers.generation.continuous_batching.continuous_api").setLevel(40)
         self.max_new_tokens = backend.max_new_tokens
-        pages = max_sequences * math.ceil(max_sequence_tokens / self.PAGE_TOKENS) + max_sequences
-        config = ContinuousBatchingConfig(
-            max_requests_per_batch=max_sequences, num_blocks=pages, page_size=self.PAGE_TOKENS,
-            max_batch_tokens=max(256, min(4096, max_sequences * max_sequence_tokens)), scheduler_type="fifo")
-        generation = GenerationConfig(max_new_tokens=backend.max_new_tokens, do_sample=False,
-                                      eos_token_id=sorted(backend.stop_ids) or -1)
         self._manager = backend.lm.init_continuous_batching(generation_config=generation,
                                                             continuous_batching_config=config)
         self._sequences: dict[str, list[Any]] = {}  # request id -> [on_token, on_done, tokens reported]
