@@ -97,6 +97,12 @@ def test_token_mode_reaches_loadgen_and_accuracy_is_scored_in_one_submission_run
         figures = dict(db.execute("SELECT name, value FROM run_metrics WHERE run_id = ?", (run_id,)))
     assert figures["server.ttft_p90_ns"] == perf["ttft_p90_ns"]
     assert figures["server.tpot_p90_ns"] == perf["tpot_p90_ns"]
+    # What LoadGen does not report, from the SUT's token times: inter-token latency, goodput, the time split.
+    assert record["loadgen"]["performance"]["sut"]["batching"] == "continuous"
+    assert 0 < perf["itl_p50_ns"] <= perf["itl_p99_ns"] and figures["server.itl_p90_ns"] == perf["itl_p90_ns"]
+    assert 0 <= perf["goodput_fraction"] <= 1 and figures["server.goodput_fraction"] == perf["goodput_fraction"]
+    assert perf["goodput_limits"] == "TTFT <= 2000 ms and TPOT <= 1000 ms"  # the manifest's Server preset
+    assert perf["prefill_p50_ns"] > 0 and perf["decode_p50_ns"] > 0
     # Accuracy: SmolLM2-135M answers "positive" to these prompts, so 3 of the 6 (alternating labels).
     assert record["accuracy"]["metric"] == "exact_match"
     assert record["accuracy"]["values"]["exact_match"] == pytest.approx(0.5)

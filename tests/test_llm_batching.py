@@ -243,3 +243,43 @@ def test_continuous_batching_gives_the_same_greedy_tokens_as_one_sequence_at_a_t
         assert engine.generate(prompts[0]).tolist() == one_at_a_time[0]  # the model's own attention is back
     finally:
         engine.close()
+
+
+def test_a_samples_time_splits_into_queue_prefill_and_decode():
+    """Issued at 0; given to the engine at 10 ms and 0 ms; first tokens at 30 and 20 ms; last at 50 and 25 ms."""
+    from harness.records.token_metrics import summary_lines, sut_stage_figures
+
+    ms = 1_000_000
+    figures = sut_stage_figures([(0, 10 * ms, [30 * ms, 40 * ms, 50 * ms]), (0, 0, [20 * ms, 25 * ms]), (0, 0, [])])
+    assert (figures["queue_p90_ns"], figures["prefill_p50_ns"], figures["decode_p90_ns"]) == (10 * ms, 20 * ms, 20 * ms)
+    assert (figures["queue_share"], figures["prefill_share"], figures["decode_share"]) == (0.1333, 0.5333, 0.3333)
+    assert "  time per sample (SUT) : queue 13% (p50 0.0 ms), prefill 53% (p50 20.0 ms), decode 33% (p50 5.0 ms)" \
+        in summary_lines(figures)
+
+
+def test_a_report_shows_a_generative_runs_token_figures(tmp_path: Path):
+    """The HTML report's token table: TTFT, TPOT and ITL percentiles in ms, tokens/s, goodput, the time
+    split; a run without token figures has no row (and a report of such runs no table)."""
+    from harness.compare.report import write_report
+    from harness.records.run_record import RunRecord
+
+    ms = 1_000_000
+    llm = RunRecord("llm-run", "mlharness run smollm2-135m", {"name": "smollm2-135m"}, {}, "transformers", "Server",
+                    "performance", status="ok", performance={
+                        "ttft_p50_ns": 200 * ms, "ttft_p90_ns": 400 * ms, "ttft_p99_ns": 700 * ms,
+                        "tpot_p50_ns": 70 * ms, "tpot_p90_ns": 290 * ms, "tpot_p99_ns": 430 * ms,
+                        "itl_p50_ns": 71 * ms, "itl_p90_ns": 291 * ms, "itl_p99_ns": 432 * ms,
+                        "completed_tokens_per_second": 6.2, "goodput_fraction": 1.0,
+                        "goodput_limits": "TTFT <= 2000 ms and TPOT <= 1000 ms",
+                        "queue_share": 0.0, "prefill_share": 0.7, "decode_share": 0.3})
+    tensor = RunRecord("tensor-run", "mlharness run null", {"name": "null"}, {}, "null", "Offline", "performance",
+                       status="ok", performance={"samples_per_second": 1000.0})
+    page = write_report([llm, tensor], tmp_path / "both", "runs").read_text()
+    assert "<h2>Token latencies (generative models)</h2>" in page
+    row = page[page.index("<td>llm-run</td>", page.index("Token latencies")):].split("</tr>")[0]
+    assert row == ("<td>llm-run</td><td>200.0 / 400.0 / 700.0</td><td>70.0 / 290.0 / 430.0</td>"
+                   "<td>71.0 / 291.0 / 432.0</td><td>6.20</td><td>100.0% (TTFT &lt;= 2000 ms and TPOT &lt;= 1000 ms)"
+                   "</td><td>0% / 70% / 30%</td>")
+    start = page.index("Token latencies")
+    assert "tensor-run" not in page[start:page.index("</table>", start)]
+    assert "Token latencies" not in write_report([tensor], tmp_path / "tensor", "runs").read_text()

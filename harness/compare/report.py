@@ -315,6 +315,14 @@ def _cold_start_table(records: list[RunRecord]) -> str | None:
                    "warm-up queries", "warm-up batch", "warm-up (s)", "peak RSS (MiB)", "peak device (MiB)"), rows)
 
 
+def _token_table(records: list[RunRecord]) -> str | None:
+    """Per generative run: TTFT, TPOT, inter-token latency, tokens/s, goodput (harness.records.token_metrics)."""
+    from harness.records.token_metrics import REPORT_COLUMNS, report_row
+
+    rows = [(r.run_id, *row) for r in records if (row := report_row(r.performance or {})) is not None]
+    return _table(("run id", *REPORT_COLUMNS), rows) if rows else None
+
+
 def _scaled(value: Any, factor: float) -> float | None:
     return float(value) * factor if isinstance(value, (int, float)) else None
 
@@ -337,6 +345,9 @@ def write_report(records: list[RunRecord], out_dir: Path, title: str,
     cold_start = _cold_start_table(records)
     if cold_start:
         parts.append(f"<h2>Cold start and memory</h2>{cold_start}")
+    tokens = _token_table(records)
+    if tokens:
+        parts.append(f"<h2>Token latencies (generative models)</h2>{tokens}")
     for heading, body in extra_sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
     parts.append("<h2>Plots</h2>" if plots else "<p>No plots: the runs have no figures to plot.</p>")

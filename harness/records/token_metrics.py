@@ -76,6 +76,31 @@ def sut_token_figures(samples: Sequence[tuple[int, Sequence[int]]], ttft_limit_m
     return found
 
 
+def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]]) -> dict[str, Any]:
+    """`samples`: (issued ns, admitted ns, [each token's time ns]). Where a sample's time went, on the SUT's
+    clock: `queue` (issued until the scheduler gave it to the engine: waiting for room in the batch),
+    `prefill` (given to the engine until its first token: the engine's own queue and the prompt's forward
+    steps, shared with the other sequences of the batch) and `decode` (first token to last). Each as
+    `<stage>_p50_ns`, `_p90_ns`, and the stage's share of all samples' time (`<stage>_share`)."""
+    stages: dict[str, list[int]] = {"queue": [], "prefill": [], "decode": []}
+    for issued, admitted, times in samples:
+        if not times:
+            continue
+        admitted = min(max(admitted, issued), times[0])
+        stages["queue"].append(admitted - issued)
+        stages["prefill"].append(times[0] - admitted)
+        stages["decode"].append(times[-1] - times[0])
+    total = sum(sum(values) for values in stages.values())
+    found: dict[str, Any] = {}
+    for name, values in stages.items():
+        if values:
+            ordered = sorted(values)
+            found[f"{name}_p50_ns"] = int(_rank(ordered, 0.5))
+            found[f"{name}_p90_ns"] = int(_rank(ordered, 0.9))
+            found[f"{name}_share"] = round(sum(values) / total, 4) if total else 0.0
+    return found
+
+
 def summary_lines(performance: Mapping[str, Any]) -> list[str]:
     """What a run's summary prints of its token figures: TTFT, TPOT and inter-token latency p50/p90/p99
     in ms, tokens/s, goodput."""
@@ -90,8 +115,33 @@ def summary_lines(performance: Mapping[str, Any]) -> list[str]:
                        ("completed_tokens_per_second", "completed output tokens per second")):
         if isinstance(performance.get(key), (int, float)):
             lines.append(f"  {label} : {performance[key]:.2f}")
+    shares = [f"{name} {100 * performance[f'{name}_share']:.0f}% (p50 {performance[f'{name}_p50_ns'] / 1e6:.1f} ms)"
+              for name in ("queue", "prefill", "decode") if isinstance(performance.get(f"{name}_share"), (int, float))]
+    if shares:
+        lines.append(f"  time per sample (SUT) : {', '.join(shares)}")
     if isinstance(performance.get("goodput_fraction"), (int, float)):
         lines.append(f"  goodput ({performance.get('goodput_limits', 'the limits')}) : "
                      f"{100 * performance['goodput_fraction']:.1f}% of samples, "
                      f"{performance['goodput_samples_per_second']:.2f} samples/s")
     return lines
+
+
+REPORT_COLUMNS = ("TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "ITL p50/p90/p99 (ms)", "output tokens/s",
+                  "goodput", "queue/prefill/decode share")
+
+
+def report_row(performance: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """A report's row of a run's token figures (harness.compare.report), None for a run without them."""
+    def trio(kind: str) -> str:
+        values = [performance.get(f"{kind}_{p}_ns") for p in ("p50", "p90", "p99")]
+        return " / ".join(f"{v / 1e6:.1f}" for v in values if isinstance(v, (int, float))) or "-"
+
+    if not any(isinstance(performance.get(f"{kind}_p50_ns"), (int, float)) for kind in ("ttft", "itl")) and \
+            not isinstance(performance.get("tokens_per_second"), (int, float)):
+        return None
+    tokens = performance.get("tokens_per_second", performance.get("completed_tokens_per_second"))
+    goodput = performance.get("goodput_fraction")
+    shares = [performance.get(f"{name}_share") for name in ("queue", "prefill", "decode")]
+    return (trio("ttft"), trio("tpot"), trio("itl"), f"{tokens:.2f}" if isinstance(tokens, (int, float)) else "-",
+            f"{100 * goodput:.1f}% ({performance.get('goodput_limits', '')})" if isinstance(goodput, (int, float)) else "-",
+            " / ".join(f"{100 * v:.0f}%" for v in shares) if all(isinstance(v, (int, float)) for v in shares) else "-")

@@ -266,9 +266,10 @@ class TokenStreamingSUT(FirstFailure):
     # figures ----------------------------------------------------------------------------------------
     def token_figures(self, ttft_limit_ms: float | None = None, tpot_limit_ms: float | None = None) -> dict[str, Any]:
         """What LoadGen's token mode does not report, from this SUT's clocks (harness.records.token_metrics)."""
-        from harness.records.token_metrics import sut_token_figures
+        from harness.records.token_metrics import sut_stage_figures, sut_token_figures
 
-        return sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms)
+        return {**sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms),
+                **sut_stage_figures([(c.issued, c.admitted, c.tokens) for c in self.times])}
 
 
 def _longest(prompts: Any) -> int:
