@@ -119,6 +119,7 @@ def test_continuous_batching_lets_a_waiting_sequence_join_as_soon_as_one_leaves(
     assert any(running for running in engine.joined.values())  # joined a batch that was running
     assert any(running for _, running, _ in sut.admissions) and sut.admissions[0][1:] == (0, 3)
     assert all(len(times.tokens) == LENGTHS[times.index] for times in sut.times)
+    assert 2 < sut.token_figures()["batch_occupancy_mean"] <= 3  # the batch stays nearly full while queries wait
 
 
 def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_path: Path):
@@ -128,6 +129,7 @@ def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_
     assert sut.batching == "static" and sut.completed_samples == len(LENGTHS)
     assert [(running, admitted) for _, running, admitted in sut.admissions] == [(0, 3), (0, 3), (0, 2)]
     assert max(len(step) for step in engine.steps) == 3
+    assert sut.token_figures()["batch_occupancy_mean"] <= 3
     starts = [when for when, _, _ in sut.admissions]
     batch_of = {t.index: sum(when <= t.admitted for when in starts) for t in sut.times}
     assert all(len({batch_of[index] for index in step}) == 1 for step in engine.steps)  # no step mixes batches

@@ -268,8 +268,12 @@ class TokenStreamingSUT(FirstFailure):
         """What LoadGen's token mode does not report, from this SUT's clocks (harness.records.token_metrics)."""
         from harness.records.token_metrics import sut_stage_figures, sut_token_figures
 
-        return {**sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms),
-                **sut_stage_figures([(c.issued, c.admitted, c.tokens) for c in self.times])}
+        figures = {**sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms),
+                   **sut_stage_figures([(c.issued, c.admitted, c.tokens) for c in self.times])}
+        running = [size for c in self.times for size in c.batch_sizes]
+        if running:  # batched: how full the batch was, seen from each token (sequences given to the engine)
+            figures["batch_occupancy_mean"] = round(sum(running) / len(running), 3)
+        return figures
 
 
 def _longest(prompts: Any) -> int:
