@@ -215,7 +215,7 @@ def _tensor(doc: schema.Tensor) -> TensorSpec:
 
 
 def _metric(doc: schema.Metric | None) -> dict[str, Any]:
-    return doc.model_dump(by_alias=True) if doc is not None else {}
+    return doc.model_dump() if doc is not None else {}  # a metric and its own options (no aliases)
 
 
 def build_model(doc: schema.ModelDoc, raw: dict, path: Path, sha: str) -> ModelManifest:

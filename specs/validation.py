@@ -103,7 +103,7 @@ def problems_from(error: ValidationError, source: str, root: type[BaseModel], do
     several problems become several lines. Given the document, the lines follow its order of
     top-level fields (problems of fields it lacks come last), so they read along with the file."""
     found: list[tuple[tuple[Any, ...], str]] = []
-    for err in error.errors(include_url=False):
+    for err in error.errors():
         loc = tuple(err["loc"])
         is_key = bool(loc) and loc[-1] == "[key]"  # a mapping's key, not its value, is at fault
         loc = loc[:-1] if is_key else loc
