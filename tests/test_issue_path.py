@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,16 +31,51 @@ def test_server_routes_every_response_on_either_issue_path(path: str, tmp_path: 
     assert facts["batch_wait_ms"] == 2.0
 
 
-def test_the_batch_wait_never_exceeds_half_the_latency_target(tmp_path: Path) -> None:
+def test_the_batch_wait_is_bounded_by_the_target_less_two_measured_batch_times(tmp_path: Path) -> None:
     assert run_cli("run", "null", "--scenario", "Server", "--quick", "--set", "target_qps=2000",
                    "--set", "target_latency=10", "--set", "batch_wait_ms=1000", "--results-dir", tmp_path) == 0
     record = newest_run(tmp_path, "null", "Server")
-    assert record["loadgen"]["performance"]["sut"] == {"issue_path": "native", "batch_wait_ms": 5.0}
+    facts = record["loadgen"]["performance"]["sut"]
+    warmup = record["cold_start"]["warmup"]
+    service_ms = 1000 * warmup["seconds"] / warmup["queries"]  # the warm-up ran full batches
+    assert facts["batch_service_ms"] == pytest.approx(service_ms, abs=1e-6) and service_ms > 0
+    assert facts["batch_wait_bound_ms"] == pytest.approx(10 - 2 * service_ms, abs=1e-5)
+    assert facts["batch_wait_ms"] == facts["batch_wait_bound_ms"] < 10
+    assert facts["batch_wait_rule"] == "target_latency - 2 x service time of a full batch"
     assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--set", "batch_wait_ms=3",
                    "--results-dir", tmp_path) == 0
     offline = newest_run(tmp_path, "null", "Offline")["loadgen"]["performance"]["sut"]
     assert offline == {"issue_path": "python (the native issue path serves Server; this is Offline)",
                        "batch_wait_ms": 0.0}
+
+
+@pytest.mark.parametrize("scenario, wanted, target, service, expected", [
+    ("Server", 8.0, 10, 3.0, {"batch_wait_ms": 4.0, "batch_wait_bound_ms": 4.0, "batch_service_ms": 3.0}),
+    ("Server", 1.0, 10, 3.0, {"batch_wait_ms": 1.0, "batch_wait_bound_ms": 4.0, "batch_service_ms": 3.0}),
+    ("Server", 8.0, 10, 6.0, {"batch_wait_ms": 0.0, "batch_wait_bound_ms": 0.0, "batch_service_ms": 6.0}),
+    ("Server", 8.0, 10, None, {"batch_wait_ms": 5.0, "batch_wait_bound_ms": 5.0}),  # no warm-up: T/2
+    ("Server", 8.0, None, 3.0, {"batch_wait_ms": 8.0}),  # no latency target to keep
+    ("Server", 0.0, 10, 3.0, {"batch_wait_ms": 0.0}),
+    ("Offline", 8.0, 10, 3.0, {"batch_wait_ms": 0.0}),
+])
+def test_the_batch_wait_bound_rule(scenario: str, wanted: float, target: Any, service: Any, expected: dict) -> None:
+    from harness.running.runner import batch_wait_bound
+    from harness.running.settings import build_settings
+
+    settings = build_settings(scenario=scenario, mode="performance", conf_model="m", model_name="m",
+                              overrides=[] if target is None else [f"target_latency={target}"])
+    found = batch_wait_bound(settings, {"batch_wait_ms": wanted}, service)
+    assert {k: v for k, v in found.items() if k != "batch_wait_rule"} == expected
+
+
+def test_the_service_time_is_the_warm_ups_only_when_it_ran_full_batches() -> None:
+    from harness.running.runner import full_batch_service_ms
+
+    warm = {"warmup": {"queries": 4, "seconds": 0.02, "batch_size": 8}}
+    assert full_batch_service_ms(warm, 8) == pytest.approx(5.0)
+    assert full_batch_service_ms(warm, 16) is None  # a warm-up at another batch size says nothing of a full one
+    assert full_batch_service_ms({"warmup": {"queries": 0, "seconds": 0, "batch_size": 8}}, 8) is None
+    assert full_batch_service_ms({}, 8) is None
 
 
 def test_an_unknown_issue_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -343,7 +343,8 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
     mode_settings = replace(settings, mode=mode)
     profile = _profile_session(request, where, mode)
     # LoadGen writes straight into the staged folder, so a run stopped mid-test keeps its logs so far.
-    facts: dict[str, Any] = {}
+    facts: dict[str, Any] = {"service_ms": full_batch_service_ms(
+        record.cold_start, int(_harness_options(settings, runtime.model)["max_batch_size"]))}
     failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard, facts)
     kept = results.prune_loadgen_logs(dest, drop_empty_accuracy=mode != "accuracy")
     if profile is not None:
@@ -404,21 +405,40 @@ def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str)
     return profiling.new_session(request.profile, where.stage("profile"), request.scenario)
 
 
-def _batch_wait_ms(settings: Settings, options: dict[str, Any]) -> float:
-    """How long a Server worker waits for a batch to fill (harness key batch_wait_ms), never more than
-    half the latency target: a query may wait that long and still be served within the bound."""
-    wait = float(options.get("batch_wait_ms") or 0.0)
-    if settings.scenario != "Server" or wait <= 0:
-        return 0.0
+def batch_wait_bound(settings: Settings, options: dict[str, Any], service_ms: float | None) -> dict[str, Any]:
+    """How long a Server worker may wait for a batch to fill (harness key batch_wait_ms), as a bound
+    derived from the latency target T and the measured service time S of a full batch: the query that
+    opens a batch waits W, may find the one batch before it still in service (S), then is served (S),
+    so W <= T - 2S keeps it within T. Without a measured S (no warm-up) the bound is T/2. Returns the
+    wait applied and how it was derived, for the record."""
+    wanted = float(options.get("batch_wait_ms") or 0.0)
+    if settings.scenario != "Server" or wanted <= 0:
+        return {"batch_wait_ms": 0.0}
     target = settings.loadgen.get("target_latency")
-    return min(wait, float(target) / 2) if target is not None else wait
+    if target is None:
+        return {"batch_wait_ms": wanted}
+    if service_ms is None:
+        bound, rule = float(target) / 2, "target_latency / 2 (no measured service time)"
+    else:
+        bound, rule = max(0.0, float(target) - 2 * service_ms), "target_latency - 2 x service time of a full batch"
+    return {"batch_wait_ms": round(min(wanted, bound), 6), "batch_wait_bound_ms": round(bound, 6),
+            "batch_wait_rule": rule, **({"batch_service_ms": round(service_ms, 6)} if service_ms is not None else {})}
+
+
+def full_batch_service_ms(cold_start: dict[str, Any], max_batch_size: int) -> float | None:
+    """The warm-up's time per batch (ms) when it ran full batches of max_batch_size; else None."""
+    warmup = cold_start.get("warmup") or {}
+    if not warmup.get("queries") or warmup.get("batch_size") != max_batch_size:
+        return None
+    return 1000.0 * float(warmup["seconds"]) / int(warmup["queries"])
 
 
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                 request: RunRequest, profile: Any = None, guard: Any = None,
                 facts: dict[str, Any] | None = None) -> tuple[BaseException | None, float]:
     """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time.
-    `facts` receives how the SUT was served (issue path, batch wait), for the record."""
+    `facts` receives how the SUT was served (issue path, batch wait), for the record; its `service_ms`
+    (the warm-up's time per full batch, or None) derives the batch wait's bound."""
     import mlperf_loadgen as lg
 
     from sut.handoff import load_handoff, load_issue_queue
@@ -432,10 +452,12 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
     options = _harness_options(settings, runtime.model)
     issue_queue, issue_path = load_issue_queue(settings.scenario)
-    batch_wait_ms = _batch_wait_ms(settings, options)
+    service_ms = facts.pop("service_ms", None) if facts is not None else None
+    generative = getattr(runtime, "generative", False)
+    wait = batch_wait_bound(settings, options, service_ms) if not generative else {"batch_wait_ms": 0.0}
     if facts is not None:
-        facts.update(issue_path=issue_path, batch_wait_ms=batch_wait_ms)
-    if getattr(runtime, "generative", False):  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
+        facts.update(issue_path=issue_path, **wait)
+    if generative:  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
         from sut.llm.token_sut import TokenStreamingSUT
 
         sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario,
@@ -448,7 +470,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                               scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                               max_batch_size=options["max_batch_size"], workers=options["workers"],
                               observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
-                              issue_queue=issue_queue, batch_wait_s=batch_wait_ms / 1e3)
+                              issue_queue=issue_queue, batch_wait_s=wait["batch_wait_ms"] / 1e3)
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)
