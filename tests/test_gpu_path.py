@@ -266,6 +266,22 @@ def test_cuda0_without_a_gpu_is_one_line_and_a_non_zero_exit(tmp_path: Path, mod
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("model, backend, expected", [
+    ("null", "null", "mlharness: error: cuda_graphs: only the torch backend captures CUDA graphs, this run's "
+                     "backend is null (set by cli)"),
+    ("mobilenet-v2", "torch", "cpu.yaml: cuda_graphs: CUDA graphs need a cuda:N device, the hardware manifest has cpu"),
+])
+def test_cuda_graphs_where_it_cannot_apply_is_refused_before_anything_is_written(
+        tmp_path: Path, model: str, backend: str, expected: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", model, "--backend", backend, "--scenario",
+                           "Offline", "--quick", "--quiet", "--set", "cuda_graphs=1", "--results-dir",
+                           str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("mlharness: error: ") and line.endswith(expected), done.stderr
+    assert not (tmp_path / "results").exists()  # no failed-<run id>/ folder: refused before the run began
+
+
 def test_pycuda_missing_is_named_with_the_gpu_extra() -> None:
     try:
         import pycuda.driver  # noqa: F401

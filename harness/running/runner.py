@@ -122,6 +122,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     model, backend_name, dataset, hardware, software, reference = resolve_manifests(request)
     settings = prepare_settings(request, model)
     check_device(backend_name, hardware)
+    check_cuda_graphs(settings, backend_name, hardware, model)
     installed = system_mod.check_software(software)
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
@@ -253,6 +254,21 @@ def check_device(backend_name: str, hardware: Any) -> None:
     problem = backend_registry.backend_class(backend_name).device_problem(hardware)
     if problem:
         raise UserError(f"{hardware.path}: {problem}")
+
+
+def check_cuda_graphs(settings: Settings, backend_name: str, hardware: Any, model: ModelManifest) -> None:
+    """The harness key cuda_graphs where it cannot apply (not torch, not a cuda device, symbolic dims)
+    is refused before anything is written, as a device the backend cannot use is."""
+    if not settings.harness.get("cuda_graphs"):
+        return
+    if backend_name != "torch":
+        raise UserError(f"cuda_graphs: only the torch backend captures CUDA graphs, this run's backend is "
+                        f"{backend_name} (set by {settings.origin.get('cuda_graphs', '?')})")
+    from sut.device_torch import cuda_graph_problem
+
+    problem = cuda_graph_problem(hardware.device, model.inputs)
+    if problem:
+        raise UserError(f"{hardware.path if problem.startswith('cuda_graphs: CUDA') else model.path}: {problem}")
 
 
 def record_usage(record: RunRecord, hardware: Any) -> None:
