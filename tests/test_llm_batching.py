@@ -23,8 +23,10 @@ class _StepEngine:
 
     max_new_tokens = 8
 
-    def __init__(self, failing: set[int] = frozenset(), before_first: bool = True):
+    def __init__(self, failing: set[int] = frozenset(), before_first: bool = True, admits: bool = False):
         self.failing, self.before_first = failing, before_first  # sequences (by key) that raise
+        # admits: the session queues what it is given and admits at each step while there is room
+        self.batch_admits_at_every_step = admits
         self.steps: list[frozenset[int]] = []
         self.joined: dict[int, frozenset[int]] = {}
 
@@ -39,6 +41,7 @@ class _StepSession:
     def __init__(self, engine: _StepEngine, max_sequences: int):
         self.engine, self.max_sequences = engine, max_sequences
         self.running: dict[int, list] = {}
+        self.waiting: list[tuple[int, list]] = []
         self.lock = threading.Lock()
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -47,6 +50,9 @@ class _StepSession:
     def submit(self, prompt_ids, on_token, on_done):
         with self.lock:
             key = int(prompt_ids[1])
+            if self.engine.batch_admits_at_every_step:
+                self.waiting.append((key, [int(prompt_ids[0]), [], on_token, on_done]))
+                return
             self.engine.joined[key] = frozenset(self.running)
             assert len(self.running) < self.max_sequences, "the SUT admitted more sequences than the batch holds"
             self.running[key] = [int(prompt_ids[0]), [], on_token, on_done]
@@ -55,6 +61,10 @@ class _StepSession:
         while not self.closed.is_set():
             time.sleep(0.001)
             with self.lock:
+                while self.waiting and len(self.running) < self.max_sequences:
+                    key, entry = self.waiting.pop(0)
+                    self.engine.joined[key] = frozenset(self.running)
+                    self.running[key] = entry
                 stepping = dict(self.running)
             if stepping:
                 self.engine.steps.append(frozenset(stepping))
@@ -122,8 +132,22 @@ def test_continuous_batching_lets_a_waiting_sequence_join_as_soon_as_one_leaves(
     assert 2 < sut.token_figures()["batch_occupancy_mean"] <= 3  # the batch stays nearly full while queries wait
 
 
-def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_path: Path):
-    engine = _StepEngine()
+def test_continuous_batching_hands_every_query_to_an_engine_that_admits_at_every_step(tmp_path: Path):
+    """An engine whose batch admits waiting sequences at each step by itself (transformers' manager) gets
+    every query at once; it keeps its batch of 3 full, and sequences join a running batch."""
+    engine = _StepEngine(admits=True)
+    sut = _run_offline(tmp_path, engine, LENGTHS, "continuous", 3)
+    assert sut.failure is None and sut.completed_samples == len(LENGTHS)
+    assert [(running, admitted) for _, running, admitted in sut.admissions] == [(0, len(LENGTHS))]
+    assert max(len(step) for step in engine.steps) == 3
+    assert any(running for running in engine.joined.values())
+    assert sut.describe()["admission"] == "engine, at every step"
+
+
+@pytest.mark.parametrize("admits", [False, True])
+def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_path: Path, admits: bool):
+    """Also on an engine that would admit at every step: static batching holds the next batch back."""
+    engine = _StepEngine(admits=admits)
     sut = _run_offline(tmp_path, engine, LENGTHS, "static", 3)
     assert sut.failure is None
     assert sut.batching == "static" and sut.completed_samples == len(LENGTHS)
@@ -135,16 +159,16 @@ def test_static_batching_starts_a_batch_only_when_the_last_one_has_finished(tmp_
     assert all(len({batch_of[index] for index in step}) == 1 for step in engine.steps)  # no step mixes batches
 
 
-@pytest.mark.parametrize("batching", ["continuous", "static"])
+@pytest.mark.parametrize("batching, admits", [("continuous", False), ("continuous", True), ("static", False)])
 @pytest.mark.parametrize("before_first", [True, False])
 def test_a_sequence_failing_in_a_batch_completes_every_query_and_loadgen_ends(tmp_path: Path, batching: str,
-                                                                            before_first: bool):
+                                                                            admits: bool, before_first: bool):
     """Real LoadGen in token mode: sample 1 fails (before or after its first token) while others run; every
     query completes (LoadGen returns; no SIGSEGV from a sample without a first token) and the failure
     names the sample."""
     import re
 
-    engine = _StepEngine(failing={1}, before_first=before_first)
+    engine = _StepEngine(failing={1}, before_first=before_first, admits=admits)
     sut = _run_offline(tmp_path, engine, LENGTHS, batching, 3)
     assert re.fullmatch(r"sample 1: generate raised RuntimeError: engine blew up", str(sut.failure))
     assert sut.completed_samples < len(LENGTHS)

@@ -9,9 +9,11 @@ Scheduling (`batching`):
 - `sequential`: one worker thread, one sequence at a time through the engine's `generate` (its plain
   loop); queries wait in arrival order. SingleStream and MultiStream always run so, and so does an engine
   without `open_batch`.
-- `continuous` (Offline and Server): a scheduler thread keeps up to `max_batch_size` sequences in the
-  engine's running batch (`engine.open_batch`): whenever one finishes, the next waiting query joins at
-  once; the engine adds it at its next decode step.
+- `continuous` (Offline and Server): up to `max_batch_size` sequences in the engine's running batch
+  (`engine.open_batch`); whenever one finishes, the next waiting query joins at the next decode step. An
+  engine whose session admits at every step by itself (`engine.batch_admits_at_every_step`, transformers'
+  continuous batching) gets every query as it arrives; otherwise the scheduler thread here keeps the
+  batch full, submitting the next waiting query as soon as one finishes.
 - `static` (Offline and Server): the scheduler starts a batch of up to `max_batch_size` waiting queries
   when the engine is idle, and starts the next only when every sequence of that batch has finished.
 
@@ -89,6 +91,8 @@ class TokenStreamingSUT(FirstFailure):
         self._cond = threading.Condition()
         self._waiting: deque[tuple[int, int, int]] = deque()  # (query id, sample index, issued ns)
         self._running = 0
+        # the engine's batch session admits at every step by itself (see the module's doc)
+        self._engine_admits = bool(getattr(backend, "batch_admits_at_every_step", False))
         self._stopping = False
 
     @property
@@ -96,7 +100,9 @@ class TokenStreamingSUT(FirstFailure):
         return self._completed
 
     def describe(self) -> dict[str, Any]:
-        return {"batching": self.batching, "max_batch_size": self.max_batch_size if self.batching != "sequential" else 1}
+        return {"batching": self.batching, "max_batch_size": self.max_batch_size if self.batching != "sequential" else 1,
+                "admission": "engine, at every step" if self._engine_admits and self.batching == "continuous"
+                else "SUT scheduler"}
 
     # LoadGen callbacks -------------------------------------------------------------------------
     def issue_query(self, query_ids: list[int], sample_indices: list[int]) -> None:
@@ -172,6 +178,8 @@ class TokenStreamingSUT(FirstFailure):
     def _has_room(self) -> bool:
         if self.batching == "static":
             return self._running == 0
+        if self._engine_admits:
+            return True  # the engine's own scheduler admits at every step, up to max_batch_size
         return self._running < self.max_batch_size
 
     def _schedule(self) -> None:
@@ -191,7 +199,8 @@ class TokenStreamingSUT(FirstFailure):
                     dropped = [qid for qid, _, _ in self._waiting]
                     self._waiting.clear()
                 else:
-                    room = self.max_batch_size - self._running
+                    room = len(self._waiting) if self.batching == "continuous" and self._engine_admits else \
+                        self.max_batch_size - self._running
                     admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                     self.admissions.append((time.perf_counter_ns(), self._running, len(admitted)))
                     self._running += len(admitted)
@@ -208,7 +217,7 @@ class TokenStreamingSUT(FirstFailure):
         reporter = self._token_reporter(query_id, clock)
 
         def on_token(token: int, position: int) -> None:
-            clock.batch_sizes.append(self._running)
+            clock.batch_sizes.append(min(self._running, self.max_batch_size))
             reporter(token, position)
 
         def on_done(tokens: np.ndarray | None, error: BaseException | None) -> None:
