@@ -175,8 +175,10 @@ def llamacpp_figures(threads: int = 1, prompts: int = 20, seconds: float = 30.0,
         offline = measure({**base, "kind": "harness", "scenario": "Offline", "round": round_number, "overrides": [
             f"target_qps={plain['samples_per_second']:.4f}", f"min_query_count={queries}",
             f"min_duration={int(seconds * 1000)}"]}, runs)
+        # SingleStream: LoadGen generates min_duration / target_latency queries (twice) and fails a run that runs
+        # out of them; a quarter of the plain loop's TTFT leaves room for a quieter moment of the machine.
         single = measure({**base, "kind": "harness", "scenario": "SingleStream", "round": round_number, "overrides": [
-            f"target_latency={plain['ttft_p50_ns'] / 1e6:.3f}", f"min_query_count={queries}",
+            f"target_latency={plain['ttft_p50_ns'] / 4e6:.3f}", f"min_query_count={queries}",
             f"min_duration={int(seconds * 1000)}"]}, runs)
         best["plain_tokens"] = _better(best.get("plain_tokens"), plain, "tokens_per_second", True)
         best["plain_latency"] = _better(best.get("plain_latency"), plain, "ttft_p90_ns", False)
