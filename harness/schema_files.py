@@ -18,11 +18,12 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def schema_models() -> dict[str, type[BaseModel]]:
-    """Every kind that has a schema: the manifest kinds, and `grid` (a sweep grid)."""
+    """Every kind that has a schema: the manifest kinds, `grid` (a sweep grid) and `preset` (a scenario preset)."""
+    from harness.running.settings_schema import PresetDoc
     from harness.sweeps.grid_schema import GridDoc
     from specs.schema import SCHEMAS
 
-    return {**SCHEMAS, "grid": GridDoc}
+    return {**SCHEMAS, "grid": GridDoc, "preset": PresetDoc}
 
 
 def json_schema(kind: str) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def json_schema(kind: str) -> dict[str, Any]:
         raise UserError(f"specs schema: KIND: expected one of {', '.join(models)}, got {kind!r}")
     found = models[kind].model_json_schema(by_alias=True)
     return {"$schema": DIALECT, "$id": f"mlharness-{kind}.schema.json",
-            "title": f"mlharness {kind} {'file' if kind == 'grid' else 'manifest'}", **found}
+            "title": f"mlharness {kind} {'file' if kind in ('grid', 'preset') else 'manifest'}", **found}
 
 
 def write_schemas(out: Path, kinds: list[str] | None = None) -> list[Path]:

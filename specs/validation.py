@@ -171,17 +171,21 @@ def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool) -> s
         return root.expected  # type: ignore[attr-defined]
     if is_key:  # a key of a mapping field: loc is (..., the field, the key)
         mapping, _ = _unwrap(_steps(root, loc[:-1])[-1][1])
-        return _text(_unwrap(get_args(mapping)[0])[1]) or "a key"
+        key_type = get_args(mapping)[0]
+        return _text(_unwrap(key_type)[1]) or _of_type(key_type, "a key")
     _, current, meta = _steps(root, loc)[-1]
-    text = _text(meta)
-    if text:
-        return text
-    base, _ = _unwrap(current)
+    return _text(meta) or _of_type(current, "a valid value")
+
+
+def _of_type(tp: Any, otherwise: str) -> str:
+    """What a type without a description expects: its model's mapping, its Literal's choices, or the
+    plain type's name."""
+    base, _ = _unwrap(tp)
     if isinstance(base, type) and issubclass(base, BaseModel):
         return base.expected  # type: ignore[attr-defined]
     if get_origin(base) is Literal:
         return f"one of {', '.join(map(str, get_args(base)))}"
-    return _PLAIN.get(get_origin(base) or base, "a valid value")
+    return _PLAIN.get(get_origin(base) or base, otherwise)
 
 
 _PLAIN = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",

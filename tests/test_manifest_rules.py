@@ -700,7 +700,7 @@ class _Outer(Doc):
     renamed: int = Field(0, alias="from", description="R")
     mode: Literal["fast", "slow"] = "fast"  # no description: the expectation is the Literal's choices
     counts: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)  # ... or the plain type's
-    plain: dict[int, int] = Field(default_factory=dict)  # a key without an Expect
+    plain: dict[int, int] = Field(default_factory=dict)  # a key without an Expect: its type says
 
     @model_validator(mode="after")
     def _both(self) -> "_Outer":
@@ -736,7 +736,7 @@ def _problems(doc: Any) -> list[str]:
     ({"k": "x", "from": "1"}, ["from: expected R, got '1'"]),
     ({"k": "x", "mode": "medium"}, ["mode: expected one of fast, slow, got 'medium'"]),
     ({"k": "x", "counts": [1, "2", -1]}, ["counts[1]: expected an integer, got '2'", "counts[2]: expected an integer, got -1"]),
-    ({"k": "x", "plain": {"a": 1}}, ["plain.a: expected a key, got 'a'"]),
+    ({"k": "x", "plain": {"a": 1}}, ["plain.a: expected an integer, got 'a'"]),  # the key's plain type
     ({"k": "both"}, ["opt: expected not 'd' when k is both, got 'd'", "inner: expected a mapping when k is both"]),
 ])
 def test_problems_name_the_path_what_was_expected_and_the_value(doc: Any, problems: list[str]) -> None:

@@ -31,7 +31,7 @@ def validators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, jsonschema
         schema = json.loads(path.read_text())
         jsonschema.Draft202012Validator.check_schema(schema)  # a well-formed schema of that dialect
         found[path.name.removesuffix(".schema.json")] = jsonschema.Draft202012Validator(schema)
-    assert sorted(found) == sorted([*KIND_FOLDERS, "grid"])
+    assert sorted(found) == sorted([*KIND_FOLDERS, "grid", "preset"])
     return found
 
 
@@ -84,6 +84,15 @@ def test_the_example_grid_is_valid_and_bad_grids_are_refused(validators: dict) -
         assert _errors(grid, bad), bad
 
 
+def test_the_shipped_presets_are_valid_and_bad_presets_are_refused(validators: dict) -> None:
+    preset = validators["preset"]
+    assert _errors(preset, yaml.safe_load((REPO / "scenarios" / "quick.yaml").read_text())) == []
+    for bad in ([1, 2], {"settings": ["min_duration"]}, {"settings": {"Offline": 5}},
+                {"settings": {"Offline": {"min_durations": 5}}}, {"settings": {"Offlne": {"min_duration": 5}}},
+                {"settings": {"Server": {"min_duration": [5]}}}, {"setting": {}}):
+        assert _errors(preset, bad), bad
+
+
 def test_one_kind_is_written_alone_and_an_unknown_kind_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     assert run_cli("specs", "schema", "hardware", "--out", str(tmp_path / "one")) == 0
     assert [p.name for p in (tmp_path / "one").iterdir()] == ["hardware.schema.json"]
@@ -91,5 +100,5 @@ def test_one_kind_is_written_alone_and_an_unknown_kind_is_one_line(tmp_path: Pat
     assert run_cli("specs", "schema", "models", "--out", str(tmp_path / "two")) == 1
     err = capfd.readouterr().err.strip()
     assert err == ("mlharness: error: specs schema: KIND: expected one of model, dataset, software, hardware, "
-                   "reference, grid, got 'models'")
+                   "reference, grid, preset, got 'models'")
     assert not (tmp_path / "two").exists()

@@ -12,29 +12,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.errors import UserError
+from harness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS  # noqa: F401  (read here)
 from specs.validation import load_yaml
 
-SCENARIOS = ("SingleStream", "MultiStream", "Server", "Offline")
-MODES = ("performance", "accuracy", "submission", "find-peak")
-
-# Keys LoadGen's FromConfig understands in user.conf (`model.Scenario.key = value`).
-LOADGEN_KEYS = frozenset({
-    "target_qps", "target_latency", "target_latency_percentile", "min_duration", "max_duration",
-    "min_query_count", "max_query_count", "qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
-    "accuracy_log_rng_seed", "accuracy_log_probability", "accuracy_log_sampling_target",
-    "performance_issue_unique", "performance_issue_same", "performance_issue_same_index",
-    "performance_sample_count_override", "samples_per_query", "max_async_queries", "coalesce_queries",
-    "print_timestamps", "sample_concatenate_permutation", "test05", "test05_qsl_rng_seed",
-    "test05_sample_index_rng_seed", "test05_schedule_rng_seed", "server_num_issue_query_threads",
-    "use_token_latencies", "ttft_latency", "tpot_latency", "infer_token_latencies",
-    "token_latency_scaling_factor",
-})
-# Keys the SUT reads; the rest of the harness passes them through untouched.
-HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
-                          "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
-                          "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms",
-                          "cuda_graphs",  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
-                          "llm_batching"})  # llm_batching: a generative model's scheduling (docs/llm.md)
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
                                            "execution_mode": ("sequential", "parallel"),
@@ -295,9 +275,16 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: no such scenario preset")
     doc = load_yaml(path)
-    if not isinstance(doc, dict) or not isinstance(doc.get("settings", {}), dict):
-        raise UserError(f"{path}: settings: expected a mapping Scenario|'*' -> {{key: value}}")
-    return {"path": path, "settings": doc.get("settings", {})}
+    from pydantic import ValidationError
+
+    from harness.running.settings_schema import PresetDoc
+    from specs.validation import ManifestError, problems_from
+
+    try:
+        PresetDoc.model_validate(doc)
+    except ValidationError as exc:
+        raise ManifestError(problems_from(exc, str(path), PresetDoc, doc)) from None
+    return {"path": path, "settings": doc.get("settings") or {}}
 
 
 def _apply_scoped(settings: Settings, scoped: dict[str, Any], layer: str, where: str) -> None:

@@ -4,17 +4,16 @@ once, one line each) and then checks what needs the specs index or the file syst
 manifest exists, that user_conf is a file) before expanding the grid into cells."""
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
-from harness.running.settings import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS
+from harness.running.settings import MODES, SCENARIOS
+from harness.running.settings_schema import SCALAR_SCHEMA, SETTING_KEYS, FlatOrScopedSettings, Scalar, SettingName
 from specs.schema import Doc
-from specs.validation import Expect, refuse, refuse_all
+from specs.validation import Expect, refuse
 
 GRID_SCHEMA_VERSION = 1
-SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
 NULL_HINT = " (quote \"null\": YAML reads a bare null as nothing)"
-Scalar = str | int | float | bool
-_SCALAR_SCHEMA = {"type": ["string", "number", "integer", "boolean"]}
+Settings = FlatOrScopedSettings
 
 
 def _listed(value: Any) -> Any:
@@ -32,29 +31,6 @@ def one_or_many(item: Any, item_schema: dict[str, Any] | None, text: str) -> Any
                                                                      "minItems": 1}], "description": text})]
 
 
-def _settings(value: dict[Any, Any]) -> dict[Any, Any]:
-    """A flat {key: value} mapping, or one scoped by '*' and scenario names; every key a known setting."""
-    scoped = bool(value) and all(k == "*" or k in SCENARIOS for k in value)
-    problems = []
-    for scope, entry in (value.items() if scoped else [(None, value)]):
-        if not isinstance(entry, dict):
-            problems.append(((scope,), "a mapping of settings", entry))
-            continue
-        problems += [((scope, key) if scope else (key,), f"a setting name (one of {', '.join(SETTING_KEYS)})", key)
-                     for key in entry if key not in SETTING_KEYS]
-    if problems:
-        refuse_all(problems)
-    return value
-
-
-Settings = Annotated[dict[Any, Any], AfterValidator(_settings), Field(description="a mapping of settings"),
-                     WithJsonSchema({"type": "object", "description": "settings: {key: value}, or scoped by '*' "
-                                     "and scenario names: {Offline: {key: value}}",
-                                     "propertyNames": {"enum": [*SETTING_KEYS, "*", *SCENARIOS]},
-                                     "additionalProperties": {"anyOf": [_SCALAR_SCHEMA, {
-                                         "type": "object", "propertyNames": {"enum": SETTING_KEYS}}]}})]
-
-
 def _backend(value: Any) -> Any:
     if not isinstance(value, str):
         refuse(f"a backend name or 'default'{NULL_HINT}")
@@ -70,10 +46,7 @@ Datasets = one_or_many(ManifestRef, _STRING, "dataset manifest names or paths, o
 HardwareAxis = one_or_many(ManifestRef, _STRING, "hardware manifest names or paths, or 'default'")
 SoftwareAxis = one_or_many(ManifestRef, _STRING, "software manifest names or paths, or 'default'")
 Scenarios = one_or_many(Literal[SCENARIOS], {"enum": list(SCENARIOS)}, f"scenarios: {', '.join(SCENARIOS)}")
-Values = one_or_many(Scalar, _SCALAR_SCHEMA, "values to sweep")
-SettingName = Annotated[Any, BeforeValidator(lambda key: _known_setting(key)),
-                        Expect(f"a setting name (one of {', '.join(SETTING_KEYS)})"),
-                        WithJsonSchema({"enum": SETTING_KEYS})]
+Values = one_or_many(Scalar, SCALAR_SCHEMA, "values to sweep")
 
 
 def _name_alone_in_schema(schema: dict[str, Any]) -> None:
@@ -147,9 +120,3 @@ class GridDoc(Doc):
     exclude: list[dict[str, Any]] = Field(default_factory=list,
                                           description="a list of mappings such as {model: m, scenario: S}")
     cluster: Cluster | None = Field(None, description=Cluster.expected)
-
-
-def _known_setting(key: Any) -> Any:
-    if key not in SETTING_KEYS:
-        refuse(f"a setting name (one of {', '.join(SETTING_KEYS)})")
-    return key
