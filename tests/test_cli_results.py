@@ -5,32 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from harness.store.result_store import ResultStore
-from tests.support import REPO, linear_torch_model, run_cli
+from tests.support import REPO, failing_null_model, linear_torch_model, run_cli
 
-FLAKY = """\
-    kind: model
-    name: flaky
-    version: 1.0.0
-    framework: {name: "null"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample], dtype=np.float32)
-    postprocess: |
-      def postprocess(outputs, ctx):
-          raise RuntimeError("postprocess blew up")
-    attributes:
-      settings: {Offline: {target_qps: 2000}}
-    """
 
 
 INDEX_COLUMNS = {"run_id", "started_at", "finished_at", "status", "error", "model", "model_version", "model_sha256",
@@ -54,7 +35,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("results-list")
     specs = root / "specs"
     shutil.copytree(REPO / "specs", specs)
-    (specs / "models" / "flaky.yaml").write_text(textwrap.dedent(FLAKY))
+    (specs / "models" / "flaky.yaml").write_text(failing_null_model(postprocess_calls=0))
     (specs / "models" / "tiny-torch.yaml").write_text(linear_torch_model("tiny-torch", accuracy=False))
     results = root / "results"
     path = results / "mlharness.sqlite"

@@ -15,26 +15,8 @@ from harness.records.loadgen_logs import parse_summary
 from harness.store.result_store import ResultStore
 from harness.sweeps.grid_schema import SETTING_KEYS
 from harness.sweeps.sweep_grid import Cell, load_grid
-from tests.support import REPO, run_cli, write_manifest
+from tests.support import REPO, failing_null_model, run_cli, write_manifest
 
-FLAKY_MODEL = """\
-    kind: model
-    name: flaky
-    version: 1.0.0
-    framework: {name: "null"}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample], dtype=np.float32)
-    postprocess: |
-      def postprocess(outputs, ctx):
-          raise RuntimeError("postprocess blew up")
-    attributes:
-      settings: {Offline: {target_qps: 2000}}
-    """
 
 
 
@@ -67,7 +49,7 @@ def cells_by_model(store: ResultStore, sweep_id: str) -> dict[str, list]:
 
 def test_failing_cells_are_recorded_and_the_sweep_resumes(tmp_path: Path, specs_copy: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    write_manifest(specs_copy / "models", "flaky.yaml", FLAKY_MODEL)
+    write_manifest(specs_copy / "models", "flaky.yaml", failing_null_model(postprocess_calls=0))
     grid = write_grid(tmp_path / "grid.yaml", GRID % "[8]")
     results = tmp_path / "results"
     assert run_cli("sweep", grid, "--results-dir", results) == 0  # failures are data, not an exit code
