@@ -225,6 +225,14 @@ class Ticker:
         if self._bar is not None:
             self._bar.stop()
 
+    def say(self, text: str) -> None:
+        """A line of the command's own report: above the live bar when one is drawn, else on the stream."""
+        if self._bar is not None:
+            self._bar.console.print(text, highlight=False, markup=False)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
     def _run(self) -> None:
         period = TERMINAL_REFRESH if self.terminal else self.interval
         next_draw = time.monotonic() + period
@@ -306,12 +314,7 @@ class Steps:
 
     def say(self, text: str) -> None:
         """A line of the command's report, above a live bar when one is drawn."""
-        bar = self.ticker._bar
-        if bar is not None:
-            bar.console.print(text, highlight=False, markup=False)
-        else:
-            self.stream.write(text + "\n")
-            self.stream.flush()
+        self.ticker.say(text)
 
     def starting(self, label: str, expected: float | None = None, announce: bool = False) -> None:
         with self._lock:
