@@ -165,7 +165,7 @@ def test_a_manifest_naming_the_plugin_framework_validates(site: Path, tmp_path: 
     without = _cli(None, "specs", "validate", str(model), cwd=tmp_path)
     assert without.returncode == 1
     assert without.stderr.strip().splitlines() == [
-        f"{model}: framework.name: expected one of ['onnxruntime', 'torch', 'null', 'transformers'], got 'demo'"]
+        f"{model}: framework.name: expected one of ['onnxruntime', 'torch', 'null', 'transformers', 'llama_cpp'], got 'demo'"]
 
 
 def test_names_come_from_entry_points_without_loading_them(site: Path, tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_names_come_from_entry_points_without_loading_them(site: Path, tmp_path:
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     names, used, imported = done.stdout.strip().splitlines()
-    assert names == ("['onnxruntime', 'torch', 'null', 'transformers', 'demo', 'broken'] ['answered', 'broken', 'pearson_pairs', "
+    assert names == ("['onnxruntime', 'torch', 'null', 'transformers', 'llama_cpp', 'demo', 'broken'] ['answered', 'broken', 'pearson_pairs', "
                      "'spearman_pairs', 'topk'] ['harness', 'model', 'framework', 'python', 'system', 'batches', "
                      "'broken']")
     assert used == "answered ['batches']"
@@ -219,7 +219,7 @@ def test_a_name_registered_at_runtime_is_valid_in_manifests(tmp_path: Path, monk
     from sut import backends, conversion
 
     model = write_manifest(tmp_path, "m.yaml", DEMO_MODEL.replace("name: demo\n", "name: extra_fw\n"))
-    with pytest.raises(ManifestError, match=r"framework.name: expected one of \[.*'transformers'\], got 'extra_fw'"):
+    with pytest.raises(ManifestError, match=r"framework.name: expected one of \[.*'llama_cpp'\], got 'extra_fw'"):
         load_manifest(model)
     monkeypatch.setitem(backends._REGISTRY, "extra_fw", "nowhere:Backend")
     assert load_manifest(model).framework == "extra_fw"
