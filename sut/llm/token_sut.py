@@ -65,7 +65,8 @@ class TokenStreamingSUT(FirstFailure):
         """`batching` None keeps the first slice's behaviour (one sequence at a time); `max_sequence_tokens`
         sizes a batched engine's cache (default: the longest prompt and max_new_tokens); `warm_sequences`
         generated through a batched engine in start(), before LoadGen's test (its first steps are slow);
-        `observer`: sut.llm.profile_spans-style object with `sequence(times)` and `step(...)`, or None."""
+        `observer`: an object whose `sequence(times)` is called with each completed sample's SequenceTimes
+        (a hook for a profiling level; the runner passes none yet), or None."""
         import mlperf_loadgen as lg
 
         self._lg = lg
