@@ -6,10 +6,13 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # llama-cpp-python (the llama.cpp engine, docs/llm.md) builds from source for the CPU. Portable flags: no
 # -march=native (the build machine's AVX-512/AMX would crash other CPUs), an x86-64-v3 baseline (AVX2, FMA,
-# F16C, BMI2: GGML_NATIVE=OFF's defaults) and no multimodal library. Pre-AVX2 CPUs: add
-# -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF.
+# F16C, BMI2: GGML_NATIVE=OFF's defaults) where this CPU has it, else a build without those (a CPU
+# without AVX2 would die of an illegal instruction in the first matrix product), and no multimodal library.
 LLAMA_CPP_VERSION := 0.3.36
-LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+X86_64_V3 := $(and $(filter avx2,$(CPU_FLAGS)),$(filter fma,$(CPU_FLAGS)),$(filter f16c,$(CPU_FLAGS)),$(filter bmi2,$(CPU_FLAGS)))
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF \
+  $(if $(X86_64_V3),,-DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF)
 APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
 .PHONY: setup run test clean asan mutation

@@ -142,3 +142,20 @@ def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) ->
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert (code / "INSTALLED.txt").read_text().startswith(f"mlharness {version}, installed in {installed.site}:")
     assert not (code / "pyproject.toml").exists() and not (code / "native").exists()
+
+
+@pytest.mark.parametrize("flags, without_v3", [
+    ("flags : fpu sse2 ssse3 sse4_2 avx avx2 fma f16c bmi2 avx512f", False),  # x86-64-v3 and more: the baseline
+    ("flags : fpu sse2 ssse3 sse4_2 avx", True),  # no AVX2: llama.cpp built without the v3 features
+    ("flags : fpu sse2 avx2 fma f16c", True),  # one missing (bmi2) is enough
+])
+def test_llama_cpp_is_built_for_what_this_cpu_has(flags: str, without_v3: bool) -> None:
+    """The Makefile's CMAKE_ARGS for llama-cpp-python follow the CPU's flags (a CPU without AVX2
+    would die of an illegal instruction in a build for x86-64-v3), never -march=native."""
+    expanded = subprocess.run(["make", "-f", "-", f"CPU_FLAGS={flags}", "show"], cwd=REPO, text=True,
+                              capture_output=True, timeout=60,
+                              input=f"include {REPO / 'Makefile'}\nshow:\n\t@echo $(LLAMA_CPP_CMAKE_ARGS)\n")
+    assert expanded.returncode == 0, expanded.stderr
+    args = expanded.stdout.split()
+    assert "-DGGML_NATIVE=OFF" in args and not any("march=native" in a for a in args)
+    assert ("-DGGML_AVX2=OFF" in args) is without_v3 and ("-DGGML_BMI2=OFF" in args) is without_v3
