@@ -175,6 +175,9 @@ def test_flatten_yields_cold_start_figures_lower_is_better() -> None:
                     "coldstart.device_peak_allocated_bytes": 2.0**30, "coldstart.device_peak_reserved_bytes": 2.0**31}
     assert not any(higher_is_better(name) for name in cold)
     assert higher_is_better("offline.samples_per_second")
+    # a token run's figures: time waiting for room in the batch down, goodput and occupancy up
+    assert not higher_is_better("server.queue_share") and not higher_is_better("server.ttft_p99_ns")
+    assert higher_is_better("server.goodput_fraction") and higher_is_better("server.batch_occupancy_mean")
     assert not any(name.startswith("coldstart.") for name in flatten({"scenario": "Offline", "cold_start": {}}))
 
 

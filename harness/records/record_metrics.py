@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 # Which way is better, by the figure's key (the part after the dot); checked in order.
 _HIGHER_IS_BETTER = ("per_second", "accuracy.", "qps")
-_LOWER_IS_BETTER = ("latency", "_ns", "seconds", "bytes")
+_LOWER_IS_BETTER = ("latency", "_ns", "seconds", "bytes", "queue_share")  # queue_share: a token run's time waiting
 
 # The headline figure of each scenario and whether a larger value is better.
 HEADLINE = {
