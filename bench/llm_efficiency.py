@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from llm_engines import load_engine, prompt_ids  # bench/llm_engines.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "llm_efficiency.json"
 RESULT_MARK = "BENCH-RESULT "
@@ -52,33 +54,13 @@ WARMUP_PROMPTS = 3
 # ------------------------------------------------------------------------------ children
 
 def _engine(backend: str, threads: int) -> Any:
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
-
-    index = default_index()
-    model = select_model(index, MODEL, backend)
-    engine = backends.create(backend, model=model, sources=artifacts.resolve_all(model),
-                             hardware=index.find("hardware", "cpu"), options={"intra_op_threads": threads})
-    engine.load()
-    return engine
-
-
-def _prompt_ids(engine: Any, count: int) -> list[list[int]]:
-    from specs.index import default_index
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
-
-    dataset = default_index().find("dataset", engine.model.default_dataset)
-    ctx = ProcessingContext(attributes={}, sources=resolve_sources(dataset), model=engine.model, dataset=dataset)
-    return [engine.encode(prompt).tolist() for prompt, _ in enumerate_samples(dataset, ctx, count)]
+    return load_engine(MODEL, backend, threads)
 
 
 def transformers_plain_offline(threads: int, prompts: int, batch: int, samples: int) -> dict[str, Any]:
     """transformers' own generate_batch over `samples` prompts (the first `prompts`, cycled), at `batch`."""
     engine = _engine("transformers", threads)
-    ids = _prompt_ids(engine, prompts)
+    ids = prompt_ids(engine, prompts)
     longest = max(len(p) for p in ids) + engine.max_new_tokens
     generation, batching = engine.batch_configs(batch, longest)
     lm = engine.lm
@@ -103,7 +85,7 @@ def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: 
     from transformers.generation.streamers import BaseStreamer
 
     engine = _engine("transformers", threads)
-    ids = _prompt_ids(engine, prompts)
+    ids = prompt_ids(engine, prompts)
     lm = engine.lm
     stamps: list[int] = []
 

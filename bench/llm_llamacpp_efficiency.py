@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llm_engines import load_engine, prompt_ids  # bench/llm_engines.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "llm_llamacpp_efficiency.json"
 RESULT_MARK = "BENCH-RESULT "
@@ -41,27 +43,7 @@ WARMUP_PROMPTS = 3
 
 def _engine(threads: int) -> Any:
     """The harness's engine, loaded as a run loads it: its prompt ids and its Llama (same parameters)."""
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
-
-    index = default_index()
-    model = select_model(index, MODEL, BACKEND)
-    engine = backends.create(BACKEND, model=model, sources=artifacts.resolve_all(model),
-                             hardware=index.find("hardware", "cpu"), options={"intra_op_threads": threads})
-    engine.load()
-    return engine
-
-
-def _prompt_ids(engine: Any, count: int) -> list[list[int]]:
-    from specs.index import default_index
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
-
-    dataset = default_index().find("dataset", engine.model.default_dataset)
-    ctx = ProcessingContext(attributes={}, sources=resolve_sources(dataset), model=engine.model, dataset=dataset)
-    return [engine.encode(prompt).tolist() for prompt, _ in enumerate_samples(dataset, ctx, count)]
+    return load_engine(MODEL, BACKEND, threads)
 
 
 def plain_loop(threads: int, prompts: int, seconds: float) -> dict[str, Any]:
@@ -71,7 +53,7 @@ def plain_loop(threads: int, prompts: int, seconds: float) -> dict[str, Any]:
 
     engine = _engine(threads)
     llm, stop, most = engine.llm, engine.stop_ids, engine.max_new_tokens
-    ids = _prompt_ids(engine, prompts)
+    ids = prompt_ids(engine, prompts)
 
     def one(prompt: list[int]) -> tuple[int, int, int]:
         llm.reset()

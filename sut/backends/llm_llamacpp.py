@@ -17,14 +17,13 @@ Python; there is no `open_batch`, and the token SUT runs this engine sequentiall
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from harness.errors import UserError
 from sut.backends.base import Backend
-from sut.backends.llm_transformers import check_gguf
+from sut.backends.llm_transformers import gguf_weights
 
 SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
 
@@ -35,13 +34,8 @@ class LlamaCppLLMBackend(Backend):
     generative = True
 
     def load(self) -> None:
+        weights = gguf_weights(self)
         spec = self.model.generation
-        if spec is None:
-            raise UserError(f"{self.model.path}: generation: the llama_cpp backend runs generative models only")
-        weights = self.sources.get("weights")
-        if weights is None:
-            raise UserError(f"{self.model.path}: sources.weights: expected the model's GGUF file")
-        check_gguf(Path(weights))
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 

@@ -39,6 +39,18 @@ def check_gguf(path: Path, role: str = "weights") -> None:
                         f"a GGUF file starts with {GGUF_MAGIC!r})")
 
 
+def gguf_weights(backend: Backend) -> Path:
+    """A generative backend's weights file, checked before its engine opens it: the model must be
+    generative and name its GGUF file in sources.weights, and the file must be GGUF."""
+    if backend.model.generation is None:
+        raise UserError(f"{backend.model.path}: generation: the {backend.name} backend runs generative models only")
+    weights = backend.sources.get("weights")
+    if weights is None:
+        raise UserError(f"{backend.model.path}: sources.weights: expected the model's GGUF file")
+    check_gguf(Path(weights))
+    return Path(weights)
+
+
 class TransformersLLMBackend(Backend):
     name = "transformers"
     framework = "transformers"
@@ -46,13 +58,8 @@ class TransformersLLMBackend(Backend):
     batch_admits_at_every_step = True  # open_batch's manager schedules waiting sequences at every step
 
     def load(self) -> None:
+        weights = gguf_weights(self)
         spec = self.model.generation
-        if spec is None:
-            raise UserError(f"{self.model.path}: generation: the transformers backend runs generative models only")
-        weights = self.sources.get("weights")
-        if weights is None:
-            raise UserError(f"{self.model.path}: sources.weights: expected the model's GGUF file")
-        check_gguf(Path(weights))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from the GGUF file; never the hub
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
