@@ -45,3 +45,17 @@ class DeviceTimings:
         end = record_end()
         records.append(DeviceTiming(threading.get_native_id(), host_start, int(elapsed_ms(start, end) * 1e6), rows))
         return result
+
+
+class DeviceTimed:
+    """A GPU backend's switch for its DeviceTimings (`self._device_timings`): CUDA events around each
+    predict between start and end (the harness profiling level)."""
+
+    _device_timings: DeviceTimings
+
+    def start_device_timing(self) -> None:
+        """CUDA events around each predict from now on (the harness profiling level)."""
+        self._device_timings.start()
+
+    def end_device_timing(self) -> list[Any]:
+        return self._device_timings.stop()

@@ -17,6 +17,7 @@ from harness.errors import UserError
 from specs.artifacts import cache_dir
 from specs.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
+from sut.device_timing import DeviceTimed
 from sut.graph_transforms import apply_transforms
 
 _NUMPY_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -28,7 +29,7 @@ _ORT_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basi
                "disable_all": "ORT_DISABLE_ALL"}
 
 
-class OnnxRuntimeBackend(Backend):
+class OnnxRuntimeBackend(DeviceTimed, Backend):
     name = "onnxruntime"
     devices = ("cpu", "cuda")
     framework = "onnxruntime"
@@ -120,13 +121,6 @@ class OnnxRuntimeBackend(Backend):
 
         rows = next(iter(inputs.values())).shape[0] if inputs else 0
         return self._device_timings.timed(record, record, elapsed_ms, lambda: self._bound.run(inputs), rows)
-
-    def start_device_timing(self) -> None:
-        """CUDA events around each predict from now on (the harness profiling level)."""
-        self._device_timings.start()
-
-    def end_device_timing(self) -> list[Any]:
-        return self._device_timings.stop()
 
     @property
     def device_timing_unavailable(self) -> str | None:

@@ -17,12 +17,13 @@ import numpy as np
 from harness.errors import UserError
 from specs.manifests import HardwareManifest
 from sut.backends.base import Backend, FrameworkProfile, OpEvent
+from sut.device_timing import DeviceTimed
 from sut.processing import ProcessingContext, compile_function
 
 _THREADS_LOCK = threading.Lock()
 
 
-class TorchBackend(Backend):
+class TorchBackend(DeviceTimed, Backend):
     name = "torch"
     devices = ("cpu", "cuda")
     framework = "torch"
@@ -149,13 +150,6 @@ class TorchBackend(Backend):
     def _elapsed_ms(start: Any, end: Any) -> float:
         end.synchronize()
         return float(start.elapsed_time(end))
-
-    def start_device_timing(self) -> None:
-        """CUDA events around each predict from now on (the harness profiling level)."""
-        self._device_timings.start()
-
-    def end_device_timing(self) -> list[Any]:
-        return self._device_timings.stop()
 
     @property
     def device_timing_unavailable(self) -> str | None:
