@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from child_process import measured, report, without_db  # bench/child_process.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "gpu_efficiency.json"
-RESULT_MARK = "BENCH-RESULT "
 MODELS = {"onnxruntime": "resnet50-light", "torch": "mobilenet-v2"}
 WARMUP_RUNS = 10
 
@@ -242,19 +241,13 @@ def child(spec: dict[str, Any]) -> None:
         result = harness_run(spec["model"], spec["framework"], spec["scenario"], spec["overrides"])
     else:
         result = null_device(spec["variant"], spec["seconds"], spec["batch"])
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    report(result)
 
 
 # ------------------------------------------------------------------------------ parent
 
 def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    env = {key: value for key, value in os.environ.items() if key != "MLHARNESS_DB"}
-    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                             timeout=1800, cwd=ROOT, env=env)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
-    run = {**spec, **json.loads(lines[-1][len(RESULT_MARK):])}
+    run = {**spec, **measured(__file__, spec, without_db())}
     runs.append(run)
     print(f"  {json.dumps({k: v for k, v in spec.items() if k != 'overrides'})}: "
           f"{run.get('samples_per_second') or 0:.1f} samples/s, p90 {(run.get('p90_latency_ns') or 0) / 1e6:.3f} ms",

@@ -35,18 +35,17 @@ import importlib.util
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from llm_engines import load_engine, prompt_ids  # bench/llm_engines.py, beside this script
+# Beside this script in bench/: how a measurement runs in its own process, and the LLM engines' helpers.
+from child_process import hermetic, measured, report
+from llm_engines import harness_run_record, load_engine, ms, prompt_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "llm_efficiency.json"
-RESULT_MARK = "BENCH-RESULT "
 MODEL = "smollm2-135m"
 WARMUP_PROMPTS = 3
 
@@ -134,14 +133,8 @@ def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: 
 
 
 def harness_run(backend: str, scenario: str, threads: int, prompts: int, overrides: list[str]) -> dict[str, Any]:
-    from harness import RunRequest, run
-
-    with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
-        record = run(RunRequest(model=MODEL, scenario=scenario, backend=backend, quick=True,
-                                overrides=(f"intra_op_threads={threads}", f"dataset_limit={prompts}",
-                                           f"warmup_queries={WARMUP_PROMPTS}", *overrides),
-                                results_dir=Path(scratch), use_tuned=False, quiet=True,
-                                command="bench/llm_efficiency.py"))
+    record = harness_run_record(MODEL, backend, scenario, threads, prompts, WARMUP_PROMPTS, overrides,
+                                "bench/llm_efficiency.py")
     perf = record.performance
     keys = ("valid", "result", "tokens_per_second", "completed_tokens_per_second", "samples_per_second",
             "completed_samples_per_second", "ttft_p50_ns", "ttft_p90_ns", "ttft_p99_ns", "tpot_p50_ns",
@@ -161,36 +154,25 @@ def child(spec: dict[str, Any]) -> None:
     else:
         result = harness_run(spec["backend"], spec["scenario"], spec["threads"], spec["prompts"], spec["overrides"])
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    report(result)
 
 
 # ------------------------------------------------------------------------------ parent
 
 def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MLHARNESS_")}
-    env["MLHARNESS_PROGRESS"] = "off"
-    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                             text=True, timeout=1800, cwd=ROOT, env=env, check=False)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
-    result = {**spec, **json.loads(lines[-1][len(RESULT_MARK):]), "load_average": os.getloadavg()[0]}
+    result = {**spec, **measured(__file__, spec, hermetic()), "load_average": os.getloadavg()[0]}
     runs.append(result)
     label = f"{spec['kind']} {spec.get('loop', '')}" if spec["kind"].startswith("plain") else \
         f"mlharness {spec['scenario']}"
     extra = f" {spec.get('batching', '')} QPS {spec['qps']}: {result.get('result')}" if "qps" in spec else ""
-    print(f"  {label:22s}{extra} {_tokens(result):7.2f} tokens/s  TTFT p50/p90 {_ms(result.get('ttft_p50_ns'))}/"
-          f"{_ms(result.get('ttft_p90_ns'))} ms  TPOT p50/p90 {_ms(result.get('tpot_p50_ns'))}/"
-          f"{_ms(result.get('tpot_p90_ns'))} ms  load={result['load_average']:.1f}", flush=True)
+    print(f"  {label:22s}{extra} {_tokens(result):7.2f} tokens/s  TTFT p50/p90 {ms(result.get('ttft_p50_ns'))}/"
+          f"{ms(result.get('ttft_p90_ns'))} ms  TPOT p50/p90 {ms(result.get('tpot_p50_ns'))}/"
+          f"{ms(result.get('tpot_p90_ns'))} ms  load={result['load_average']:.1f}", flush=True)
     return result
 
 
 def _tokens(result: dict[str, Any]) -> float:
     return result.get("tokens_per_second") or result.get("completed_tokens_per_second") or 0.0
-
-
-def _ms(ns: float | None) -> str:
-    return f"{ns / 1e6:.1f}" if ns else "-"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -340,17 +322,17 @@ def main() -> None:
         m, p = f["mlharness_singlestream"], f["plain_singlestream"]
         print(f"\n{name}: Offline {f['mlharness_offline_tokens_per_second']:.2f} tokens/s vs plain "
               f"{f.get('plain_offline_tokens_per_second') or f.get('plain_tokens_per_second'):.2f} "
-              f"(ratio {f['offline_tokens_ratio']}); SingleStream TTFT p50/p90 {_ms(m['ttft_p50_ns'])}/"
-              f"{_ms(m['ttft_p90_ns'])} ms vs plain {_ms(p['ttft_p50_ns'])}/{_ms(p['ttft_p90_ns'])} (ratios "
+              f"(ratio {f['offline_tokens_ratio']}); SingleStream TTFT p50/p90 {ms(m['ttft_p50_ns'])}/"
+              f"{ms(m['ttft_p90_ns'])} ms vs plain {ms(p['ttft_p50_ns'])}/{ms(p['ttft_p90_ns'])} (ratios "
               f"{f['singlestream_ttft_p50_ratio']}/{f['singlestream_ttft_p90_ratio']}), TPOT p50/p90 "
-              f"{_ms(m['tpot_p50_ns'])}/{_ms(m['tpot_p90_ns'])} ms vs plain {_ms(p['tpot_p50_ns'])}/"
-              f"{_ms(p['tpot_p90_ns'])} (ratios {f['singlestream_tpot_p50_ratio']}/{f['singlestream_tpot_p90_ratio']})")
+              f"{ms(m['tpot_p50_ns'])}/{ms(m['tpot_p90_ns'])} ms vs plain {ms(p['tpot_p50_ns'])}/"
+              f"{ms(p['tpot_p90_ns'])} (ratios {f['singlestream_tpot_p50_ratio']}/{f['singlestream_tpot_p90_ratio']})")
         if "engine_loop_singlestream" in f:
             e = f["engine_loop_singlestream"]
-            print(f"  vs the engine's own loop without LoadGen: TTFT p50/p90 {_ms(e['ttft_p50_ns'])}/{_ms(e['ttft_p90_ns'])} "
+            print(f"  vs the engine's own loop without LoadGen: TTFT p50/p90 {ms(e['ttft_p50_ns'])}/{ms(e['ttft_p90_ns'])} "
                   f"ms (ratios {f['singlestream_ttft_p50_ratio_vs_engine_loop']}/"
-                  f"{f['singlestream_ttft_p90_ratio_vs_engine_loop']}), TPOT p50/p90 {_ms(e['tpot_p50_ns'])}/"
-                  f"{_ms(e['tpot_p90_ns'])} ms (ratios {f['singlestream_tpot_p50_ratio_vs_engine_loop']}/"
+                  f"{f['singlestream_ttft_p90_ratio_vs_engine_loop']}), TPOT p50/p90 {ms(e['tpot_p50_ns'])}/"
+                  f"{ms(e['tpot_p90_ns'])} ms (ratios {f['singlestream_tpot_p50_ratio_vs_engine_loop']}/"
                   f"{f['singlestream_tpot_p90_ratio_vs_engine_loop']})")
         for mode, search in (f.get("server") or {}).items():
             print(f"  Server {mode}: highest VALID QPS {search['highest_valid_qps']} "

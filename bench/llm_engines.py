@@ -3,6 +3,8 @@ engine loaded as a run loads it, outside LoadGen, and the dataset's prompts as t
 ids, so a plain loop and mlharness start from the same prompts."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -30,3 +32,21 @@ def prompt_ids(engine: Any, count: int) -> list[list[int]]:
     dataset = default_index().find("dataset", engine.model.default_dataset)
     ctx = ProcessingContext(attributes={}, sources=resolve_sources(dataset), model=engine.model, dataset=dataset)
     return [engine.encode(prompt).tolist() for prompt, _ in enumerate_samples(dataset, ctx, count)]
+
+
+def harness_run_record(model_name: str, backend: str, scenario: str, threads: int, prompts: int, warmup: int,
+                       overrides: list[str], command: str) -> Any:
+    """A quick mlharness run of the model's first `prompts` prompts on `backend` (no tuned settings, its
+    results in a folder removed afterwards); its RunRecord."""
+    from harness import RunRequest, run
+
+    with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
+        return run(RunRequest(model=model_name, scenario=scenario, backend=backend, quick=True,
+                              overrides=(f"intra_op_threads={threads}", f"dataset_limit={prompts}",
+                                         f"warmup_queries={warmup}", *overrides),
+                              results_dir=Path(scratch), use_tuned=False, quiet=True, command=command))
+
+
+def ms(ns: float | None) -> str:
+    """Nanoseconds as milliseconds for a printed line; '-' where there is no figure."""
+    return f"{ns / 1e6:.1f}" if ns else "-"

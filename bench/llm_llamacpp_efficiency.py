@@ -23,18 +23,17 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from llm_engines import load_engine, prompt_ids  # bench/llm_engines.py, beside this script
+# Beside this script in bench/: how a measurement runs in its own process, and the LLM engines' helpers.
+from child_process import hermetic, measured, report
+from llm_engines import harness_run_record, load_engine, ms, prompt_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "llm_llamacpp_efficiency.json"
-RESULT_MARK = "BENCH-RESULT "
 MODEL, BACKEND = "smollm2-135m", "llama_cpp"
 WARMUP_PROMPTS = 3
 
@@ -88,14 +87,8 @@ def plain_loop(threads: int, prompts: int, seconds: float) -> dict[str, Any]:
 
 
 def harness_run(scenario: str, threads: int, prompts: int, overrides: list[str]) -> dict[str, Any]:
-    from harness import RunRequest, run
-
-    with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
-        record = run(RunRequest(model=MODEL, scenario=scenario, backend=BACKEND, quick=True,
-                                overrides=(f"intra_op_threads={threads}", f"dataset_limit={prompts}",
-                                           f"warmup_queries={WARMUP_PROMPTS}", *overrides),
-                                results_dir=Path(scratch), use_tuned=False, quiet=True,
-                                command="bench/llm_llamacpp_efficiency.py"))
+    record = harness_run_record(MODEL, BACKEND, scenario, threads, prompts, WARMUP_PROMPTS, overrides,
+                                "bench/llm_llamacpp_efficiency.py")
     perf = record.performance
     keys = ("valid", "tokens_per_second", "samples_per_second", "ttft_p50_ns", "ttft_p90_ns", "tpot_p50_ns",
             "tpot_p90_ns", "p90_latency_ns")
@@ -110,31 +103,20 @@ def child(spec: dict[str, Any]) -> None:
     else:
         result = harness_run(spec["scenario"], spec["threads"], spec["prompts"], spec["overrides"])
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    report(result)
 
 
 # ------------------------------------------------------------------------------ parent
 
 def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MLHARNESS_")}
-    env["MLHARNESS_PROGRESS"] = "off"
-    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                             text=True, timeout=1800, cwd=ROOT, env=env, check=False)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
-    result = {**spec, **json.loads(lines[-1][len(RESULT_MARK):]), "load_average": os.getloadavg()[0]}
+    result = {**spec, **measured(__file__, spec, hermetic()), "load_average": os.getloadavg()[0]}
     runs.append(result)
     label = "plain loop" if spec["kind"] == "plain" else f"mlharness {spec['scenario']}"
     print(f"  threads={spec['threads']} round {spec['round']} {label:22s} {result['tokens_per_second'] or 0:7.2f} tokens/s  "
-          f"TTFT p50/p90 {_ms(result.get('ttft_p50_ns'))}/{_ms(result.get('ttft_p90_ns'))} ms  "
-          f"TPOT p50/p90 {_ms(result.get('tpot_p50_ns'))}/{_ms(result.get('tpot_p90_ns'))} ms"
+          f"TTFT p50/p90 {ms(result.get('ttft_p50_ns'))}/{ms(result.get('ttft_p90_ns'))} ms  "
+          f"TPOT p50/p90 {ms(result.get('tpot_p50_ns'))}/{ms(result.get('tpot_p90_ns'))} ms"
           f"  load={result['load_average']:.1f}", flush=True)
     return result
-
-
-def _ms(ns: float | None) -> str:
-    return f"{ns / 1e6:.1f}" if ns else "-"
 
 
 def _better(held: dict[str, Any] | None, run: dict[str, Any], key: str, higher: bool) -> dict[str, Any]:
@@ -223,9 +205,9 @@ def main() -> None:
         m, p = f["mlharness_singlestream"], f["plain_singlestream"]
         print(f"\nthreads={threads}: Offline {f['mlharness_offline_tokens_per_second']:.2f} tokens/s vs plain "
               f"{f['plain_tokens_per_second']:.2f} (ratio {f['offline_tokens_ratio']}); SingleStream TTFT p50/p90 "
-              f"{_ms(m['ttft_p50_ns'])}/{_ms(m['ttft_p90_ns'])} ms vs plain {_ms(p['ttft_p50_ns'])}/{_ms(p['ttft_p90_ns'])} "
+              f"{ms(m['ttft_p50_ns'])}/{ms(m['ttft_p90_ns'])} ms vs plain {ms(p['ttft_p50_ns'])}/{ms(p['ttft_p90_ns'])} "
               f"(ratios {f['singlestream_ttft_p50_ratio']}/{f['singlestream_ttft_p90_ratio']}), TPOT p50/p90 "
-              f"{_ms(m['tpot_p50_ns'])}/{_ms(m['tpot_p90_ns'])} ms vs plain {_ms(p['tpot_p50_ns'])}/{_ms(p['tpot_p90_ns'])} "
+              f"{ms(m['tpot_p50_ns'])}/{ms(m['tpot_p90_ns'])} ms vs plain {ms(p['tpot_p50_ns'])}/{ms(p['tpot_p90_ns'])} "
               f"(ratios {f['singlestream_tpot_p50_ratio']}/{f['singlestream_tpot_p90_ratio']})")
     print(f"targets: {json.dumps(figures['targets'])}")
     print(f"written: {args.out}")

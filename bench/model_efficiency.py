@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from child_process import hermetic, measured, report, run_child, without_db  # bench/child_process.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "model_efficiency.json"
-RESULT_MARK = "BENCH-RESULT "
 BATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_THREADS = 0  # what the harness passes by default: ONNX Runtime chooses
 
@@ -130,7 +131,7 @@ def child(spec: dict[str, Any]) -> None:
     started = time.perf_counter()
     if spec["kind"] == "probe":
         backend = _runtime(spec["model"], 1, 1).backend
-        print(RESULT_MARK + json.dumps({"supports_batching": bool(backend.supports_batching)}), flush=True)
+        report({"supports_batching": bool(backend.supports_batching)})
         backend.close()
         return
     if spec["kind"] == "raw":
@@ -140,20 +141,13 @@ def child(spec: dict[str, Any]) -> None:
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     result["peak_rss_bytes"] = max(own, result.pop("run_peak_rss_bytes", None) or 0)
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    report(result)
 
 
 # ------------------------------------------------------------------------------ parent
 
 def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    # mlharness runs stay in their temporary results folder, not in a $MLHARNESS_DB database.
-    env = {key: value for key, value in os.environ.items() if key != "MLHARNESS_DB"}
-    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                             text=True, timeout=1800, cwd=ROOT, env=env)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{spec}: measurement failed (exit {process.returncode}): {process.stderr[-3000:]}")
-    run = {**spec, **json.loads(lines[-1][len(RESULT_MARK):])}
+    run = {**spec, **measured(__file__, spec, without_db())}
     runs.append(run)
     label = (f"raw batch={spec['batch']} threads={spec['threads'] or 'default'}" if spec["kind"] == "raw"
              else f"mlharness {spec['scenario']} {' '.join(spec['overrides'])}")
@@ -167,8 +161,7 @@ def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
 def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     """`mlharness tune MODEL --scenario Offline` into the bench's results folder (its database keeps the
     tuned configuration that the tuned runs start from); returns what it stored."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("MLHARNESS_")}
-    env["MLHARNESS_PROGRESS"] = "off"
+    env = hermetic()
     command = [sys.executable, "-m", "harness.cli", "tune", model, "--scenario", "Offline", "--backend", "onnxruntime",
                "--trial-seconds", f"{seconds:g}", "--repeats", "1", "--results-dir", str(results_dir)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
@@ -274,13 +267,10 @@ def available(model: str) -> tuple[str | None, bool]:
     recorded torch-to-ONNX conversion, which needs torch and the weights package). The graph is
     whatever this CPU's export gives, verified by the conversion's output check: its bytes differ
     between CPUs and are never pinned, so this probe and the raw loop read the graph from the cache."""
-    spec = json.dumps({"kind": "probe", "model": model})
-    process = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
-                             timeout=1800, cwd=ROOT)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
+    result, process = run_child(__file__, {"kind": "probe", "model": model}, 1800)
+    if result is None:
         return (process.stderr.strip().splitlines() or ["failed"])[-1], False
-    return None, bool(json.loads(lines[-1][len(RESULT_MARK):])["supports_batching"])
+    return None, bool(result["supports_batching"])
 
 
 def main() -> None:

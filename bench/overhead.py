@@ -21,16 +21,16 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from child_process import report, run_child, without_db  # bench/child_process.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "overhead.json"
-RESULT_MARK = "BENCH-RESULT "
 VARIANTS = ("limit", "native", "python", "refcopy")
 HARNESS_VARIANTS = ("native", "python", "pyissue")  # pyissue: native handoff, Server issue through the binding
 OUTPUT_FLOATS = 1000  # the null model's outputs per sample
@@ -143,22 +143,17 @@ def child(spec: dict[str, Any]) -> None:
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     result["peak_rss_bytes"] = max(own, result.pop("run_peak_rss_bytes", None) or 0)
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    report(result)
 
 
 # ------------------------------------------------------------------------------ parent: the plan
 
 def measure(variant: str, scenario: str, overrides: list[str], runs: list[dict[str, Any]]) -> dict[str, Any]:
     spec = {"variant": variant, "scenario": scenario, "overrides": overrides}
-    # The harness variants' runs stay in their temporary results folder, not in a $MLHARNESS_DB database.
-    env = {key: value for key, value in os.environ.items() if key != "MLHARNESS_DB"}
-    process = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                             text=True, timeout=600, cwd=ROOT, env=env)
-    lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if process.returncode != 0 or not lines:
+    result, process = run_child(__file__, spec, 600, without_db())
+    if result is None:
         raise SystemExit(f"{variant} {scenario} {overrides}: measurement failed (exit {process.returncode}):\n"
                          f"{process.stderr[-3000:]}")
-    result = json.loads(lines[-1][len(RESULT_MARK):])
     summary = result.pop("summary")
     run = {**spec, **result, "valid": summary.get("valid"),
            **{key: summary.get(key) for key in ("samples_per_second", "completed_samples_per_second",
