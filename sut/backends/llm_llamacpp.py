@@ -23,7 +23,7 @@ import numpy as np
 
 from harness.errors import UserError
 from sut.backends.base import Backend
-from sut.backends.llm_transformers import gguf_weights
+from sut.backends.llm_transformers import chat_turns, gguf_weights, stop_token_ids
 
 SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
 
@@ -67,14 +67,8 @@ class LlamaCppLLMBackend(Backend):
             self.template = Jinja2ChatFormatter(template=text, eos_token=vocab.token_get_text(self.llm.token_eos()),
                                                 bos_token=vocab.token_get_text(self.llm.token_bos()),
                                                 add_generation_prompt=True)
-        eos = int(self.llm.token_eos())
-        self.stop_ids = {eos} if eos >= 0 else set()
-        for text in spec.stop:
-            ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-            if len(ids) != 1:
-                raise UserError(f"{self.model.path}: generation.stop: expected strings that are one token each, "
-                                f"got {text!r} ({len(ids)} tokens)")
-            self.stop_ids.add(int(ids[0]))
+        self.stop_ids = stop_token_ids(self, int(self.llm.token_eos()),
+                                       lambda text: self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
         self.max_new_tokens = spec.max_new_tokens
 
     # prompts ---------------------------------------------------------------------------------
@@ -83,9 +77,7 @@ class LlamaCppLLMBackend(Backend):
         special tokens written in the text (<|im_start|>) are parsed as such, as transformers does."""
         spec = self.model.generation
         if self.template is not None:
-            turns = ([{"role": "system", "content": spec.system_prompt}] if spec.system_prompt is not None else []) \
-                + [{"role": "user", "content": prompt}]
-            text = self.template(messages=turns).prompt
+            text = self.template(messages=chat_turns(spec, prompt)).prompt
             ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         else:  # the model's own BOS/EOS flags decide what is added
             ids = self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)

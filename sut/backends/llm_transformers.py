@@ -51,6 +51,26 @@ def gguf_weights(backend: Backend) -> Path:
     return Path(weights)
 
 
+def stop_token_ids(backend: Backend, eos: int | None, tokenize: Callable[[str], list[int]]) -> set[int]:
+    """The ids that end a sequence: the end-of-sequence token (None or negative: none) and each of the
+    manifest's stop strings, which must be one token each in the engine's own vocabulary."""
+    stop = {int(eos)} if eos is not None and int(eos) >= 0 else set()
+    for text in backend.model.generation.stop:
+        ids = tokenize(text)
+        if len(ids) != 1:
+            raise UserError(f"{backend.model.path}: generation.stop: expected strings that are one token each, "
+                            f"got {text!r} ({len(ids)} tokens)")
+        stop.add(int(ids[0]))
+    return stop
+
+
+def chat_turns(spec: Any, prompt: str) -> list[dict[str, str]]:
+    """The prompt as one user turn, after the manifest's system turn when it has one (else the
+    template's own default system turn applies)."""
+    system = [{"role": "system", "content": spec.system_prompt}] if spec.system_prompt is not None else []
+    return system + [{"role": "user", "content": prompt}]
+
+
 class TransformersLLMBackend(Backend):
     name = "transformers"
     framework = "transformers"
@@ -93,14 +113,8 @@ class TransformersLLMBackend(Backend):
             raise UserError(f"{self.model.path}: generation.context_window: expected at most the model's own "
                             f"{own_window} tokens, got {spec.context_window}")
         self.context_window = spec.context_window or own_window
-        eos = self.tokenizer.eos_token_id
-        self.stop_ids = {int(eos)} if eos is not None else set()
-        for text in spec.stop:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) != 1:
-                raise UserError(f"{self.model.path}: generation.stop: expected strings that are one token each, "
-                                f"got {text!r} ({len(ids)} tokens)")
-            self.stop_ids.add(int(ids[0]))
+        self.stop_ids = stop_token_ids(self, self.tokenizer.eos_token_id,
+                                       lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self.max_new_tokens = spec.max_new_tokens
 
     # prompts ---------------------------------------------------------------------------------
@@ -108,9 +122,8 @@ class TransformersLLMBackend(Backend):
         """The prompt's token ids (int64), in the chat template as one user turn when the manifest asks."""
         spec = self.model.generation
         if spec.chat_template:
-            turns = ([{"role": "system", "content": spec.system_prompt}] if spec.system_prompt is not None else []) \
-                + [{"role": "user", "content": prompt}]
-            text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(chat_turns(spec, prompt), add_generation_prompt=True,
+                                                      tokenize=False)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(prompt)
