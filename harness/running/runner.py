@@ -359,9 +359,9 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
     mode_settings = replace(settings, mode=mode)
     profile = _profile_session(request, where, mode)
     # LoadGen writes straight into the staged folder, so a run stopped mid-test keeps its logs so far.
-    facts: dict[str, Any] = {"service_ms": full_batch_service_ms(
-        record.cold_start, int(_harness_options(settings, runtime.model)["max_batch_size"]))}
-    failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard, facts)
+    facts: dict[str, Any] = {}
+    failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard, facts,
+                                   cold_start=record.cold_start)
     kept = results.prune_loadgen_logs(dest, drop_empty_accuracy=mode != "accuracy")
     if profile is not None:
         record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
@@ -451,10 +451,11 @@ def full_batch_service_ms(cold_start: dict[str, Any], max_batch_size: int) -> fl
 
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                 request: RunRequest, profile: Any = None, guard: Any = None,
-                facts: dict[str, Any] | None = None) -> tuple[BaseException | None, float]:
+                facts: dict[str, Any] | None = None,
+                cold_start: dict[str, Any] | None = None) -> tuple[BaseException | None, float]:
     """One LoadGen test; returns the failure the SUT recorded (None when it ran clean) and its wall time.
-    `facts` receives how the SUT was served (issue path, batch wait), for the record; its `service_ms`
-    (the warm-up's time per full batch, or None) derives the batch wait's bound."""
+    `facts` receives how the SUT was served (issue path, batch wait), for the record; the warm-up in
+    `cold_start` (its time per full batch) derives the batch wait's bound."""
     import mlperf_loadgen as lg
 
     from sut.handoff import load_handoff, load_issue_queue
@@ -468,7 +469,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
     options = _harness_options(settings, runtime.model)
     issue_queue, issue_path = load_issue_queue(settings.scenario)
-    service_ms = facts.pop("service_ms", None) if facts is not None else None
+    service_ms = full_batch_service_ms(cold_start or {}, int(options["max_batch_size"]))
     generative = getattr(runtime, "generative", False)
     wait = batch_wait_bound(settings, options, service_ms) if not generative else {"batch_wait_ms": 0.0}
     if facts is not None:
