@@ -314,3 +314,17 @@ def test_a_missing_hardware_manifest_stops_the_sweep_before_it_runs(tmp_path: Pa
     assert err.startswith("mlharness: error: ") and "\n" not in err
     assert f"{grid}: hardware[1]: no hardware manifest named 'no-such-hardware'" in err
     assert not results.exists()  # nothing ran, nothing was recorded
+
+
+def test_a_grids_cluster_section_gives_its_cells_per_node_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("models: [\"null\"]\nscenarios: [Offline]\n")
+    assert load_grid(path).cells_per_node == 1  # a benchmark never shares its host unless the grid says so
+    path.write_text("models: [\"null\"]\nscenarios: [Offline]\ncluster: {cells_per_node: 3}\n")
+    assert load_grid(path).cells_per_node == 3
+    path.write_text("models: [\"null\"]\nscenarios: [Offline]\ncluster: {cells_per_node: 0, nodes: 2}\n")
+    with pytest.raises(UserError) as caught:
+        load_grid(path)
+    assert str(caught.value).splitlines() == [
+        f"{path}: cluster.cells_per_node: expected an integer from 1 to 1000, got 0",
+        f"{path}: cluster.nodes: expected no such field (allowed: cells_per_node)"]

@@ -58,19 +58,6 @@ def node_name(resources: Mapping[str, float], fallback: str) -> str:
     return names[0] if names else fallback
 
 
-def cells_per_node(document: Mapping[str, Any], where: str) -> int:
-    """The grid's `cluster: {cells_per_node: N}` (default 1)."""
-    section = document.get("cluster")
-    if section is None:
-        return 1
-    if not isinstance(section, dict) or set(section) - {"cells_per_node"}:
-        raise UserError(f"{where}: cluster: expected a mapping {{cells_per_node: N}}, got {section!r}")
-    value = section.get("cells_per_node", 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-        raise UserError(f"{where}: cluster: cells_per_node: expected an integer from 1 to 1000, got {value!r}")
-    return value
-
-
 def cell_needs(request: Any, per_node: int = 1) -> dict[str, float]:
     """The Ray resources a cell's RunRequest needs, from its hardware manifest."""
     from specs.index import SpecIndex, default_index

@@ -122,7 +122,7 @@ def run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Any, 
               stream: TextIO, grid: Any) -> SweepResult:
     """harness.sweeps.sweep.run_sweep's cells_runner on the connected Ray cluster."""
     ray = require_ray()
-    per_node = res.cells_per_node(grid.document, str(grid.path))
+    per_node = grid.cells_per_node
     jobs: deque[Job] = deque()
     for cell, repeat_index in todo:
         request = replace(cell.request_for(Path(options.results_dir).resolve(), timeout_s), quiet=True)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from harness.errors import UserError
 from harness.running.request import RunRequest
 from harness.running.settings import SCENARIOS
-from harness.sweeps.grid_schema import GRID_SCHEMA_VERSION, GridDoc  # noqa: F401  (the version is read here)
+from harness.sweeps.grid_schema import GridDoc
 from specs.validation import ManifestError, load_yaml, problems_from
 
 # Axis names usable in `exclude` entries besides setting keys.
@@ -106,6 +106,7 @@ class Grid:
     repeat: int
     timeout_s: float
     document: dict[str, Any] = field(default_factory=dict)
+    cells_per_node: int = 1  # `cluster: {cells_per_node: N}`: cells a cluster node runs at once (harness.cluster)
 
 
 def _text(value: Any) -> str:
@@ -209,7 +210,8 @@ def load_grid(path: Path) -> Grid:
     if not cells:
         raise UserError(f"{where}: the grid has no cells (every combination is excluded)")
     return Grid(path=path, name=doc.name or path.stem, cells=_unique(cells), repeat=doc.repeat,
-                timeout_s=doc.timeout, document=raw)
+                timeout_s=doc.timeout, document=raw,
+                cells_per_node=doc.cluster.cells_per_node if doc.cluster is not None else 1)
 
 
 def _axes(doc: GridDoc) -> list[tuple[str, list[Any]]]:
