@@ -42,3 +42,31 @@ def test_a_missing_file_in_the_table_is_refused(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(driver, "HERE", tmp_path)
     with pytest.raises(SystemExit, match="x: sut/no_such.py does not exist"):
         driver.load_modules()
+
+
+CASE_ONLY = '''--- a.py
++++ a.py
+@@ -1,2 +1,2 @@
+ def f(conn):
+-    return conn.execute("SELECT run_id FROM runs")
++    return conn.execute("select run_id from runs")
+'''
+TEXT_CHANGED = CASE_ONLY.replace('"select run_id from runs"', '"XXSELECT run_id FROM runsXX"')
+
+
+def test_only_letter_case_survivors_of_an_opted_in_module_are_equivalent() -> None:
+    driver = _driver()
+    statuses = {"case": "survived", "text": "survived", "case_killed": "killed"}
+    diffs = {"case": CASE_ONLY, "text": TEXT_CHANGED, "case_killed": CASE_ONLY}
+    assert driver.changes_letter_case_only(CASE_ONLY) and not driver.changes_letter_case_only(TEXT_CHANGED)
+    assert driver.equivalent_mutants({"case_insensitive_text": True}, statuses, diffs) == {"case"}
+    assert driver.equivalent_mutants({}, statuses, diffs) == set()  # only where the table says so
+    figures = driver.score(statuses, {"case"})
+    assert (figures["equivalent"], figures["survived"], figures["killed"]) == (1, 1, 1)
+    assert figures["score"] == 0.5  # 1 killed of the 2 not equivalent
+    assert figures["score_without_rule"] == round(1 / 3, 4)
+
+
+def test_the_result_store_opts_in_and_no_other_module_does() -> None:
+    modules = _driver().load_modules()
+    assert [name for name, entry in modules.items() if entry.get("case_insensitive_text")] == ["result_store"]

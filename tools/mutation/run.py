@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -93,13 +94,13 @@ import json, sys
 from mutmut.__main__ import collect_source_file_mutation_data
 from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
-statuses, diffs = {}, []
+statuses, diffs = {}, {}
 for path, data in collect_source_file_mutation_data(mutant_names=())[1].items():
     for mutant, code in data.exit_code_by_key.items():
         status = status_by_exit_code[code]
         statuses[mutant] = status
         if status not in ("killed", "timeout", "segfault"):
-            diffs.append(f"# {mutant}: {status}\n" + get_diff_for_mutant(mutant, path=path))
+            diffs[mutant] = get_diff_for_mutant(mutant, path=path)
 json.dump({"statuses": statuses, "diffs": diffs}, sys.stdout)
 """
 
@@ -112,17 +113,39 @@ def collect(tree: Path) -> dict[str, object]:
     return json.loads(done.stdout)
 
 
-def score(statuses: dict[str, str]) -> dict[str, object]:
+def changes_letter_case_only(diff: str) -> bool:
+    """Whether a mutant's diff only changes the letter case of its lines (mutmut's case mutations of
+    a string: "SELECT" -> "select"). Such a mutant is equivalent wherever the text is read without
+    regard to case, as SQLite reads SQL and sqlite3.Row reads column names."""
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return (bool(removed) and len(removed) == len(added) and removed != added
+            and all(a.lower() == b.lower() for a, b in zip(removed, added)))
+
+
+def equivalent_mutants(entry: dict[str, Any], statuses: dict[str, str], diffs: dict[str, str]) -> set[str]:
+    """Survivors the module's table declares equivalent by rule (`case_insensitive_text`): reported
+    apart in equivalent.diff and left out of the score, never silently dropped."""
+    if not entry.get("case_insensitive_text"):
+        return set()
+    return {name for name, diff in diffs.items() if statuses[name] == "survived" and changes_letter_case_only(diff)}
+
+
+def score(statuses: dict[str, str], equivalent: set[str] = frozenset()) -> dict[str, object]:
     counts: dict[str, int] = {}
-    for status in statuses.values():
+    for name, status in statuses.items():
+        status = "equivalent" if name in equivalent else status
         counts[status] = counts.get(status, 0) + 1
     detected = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("segfault", 0)
-    counted = len(statuses) - counts.get("skipped", 0)
+    counted = len(statuses) - counts.get("skipped", 0) - counts.get("equivalent", 0)
     return {"total": len(statuses), "killed": counts.get("killed", 0), "timeout": counts.get("timeout", 0),
             "survived": counts.get("survived", 0), "no_tests": counts.get("no tests", 0),
+            "equivalent": counts.get("equivalent", 0),
             "other": {k: v for k, v in counts.items()
-                      if k not in ("killed", "timeout", "survived", "no tests")},
-            "score": round(detected / counted, 4) if counted else None}
+                      if k not in ("killed", "timeout", "survived", "no tests", "equivalent")},
+            "score": round(detected / counted, 4) if counted else None,
+            # The same with the rule's equivalents counted as survivors, so nothing hides behind it.
+            "score_without_rule": round(detected / (counted + counts.get("equivalent", 0)), 4) if statuses else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,19 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.module or list(modules)
     label = args.rev or "work"
     print(f"{'module':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
-          f"{'score':>8}{'seconds':>9}", flush=True)
+          f"{'equiv.':>8}{'score':>8}{'seconds':>9}", flush=True)
     for name in chosen:
         entry = modules[name]
         tree, tests = prepare_tree(name, entry, args.rev, args.deselect)
         seconds = run_mutmut(tree, args.children)
         found = collect(tree)
-        (tree / "survivors.diff").write_text("\n".join(found["diffs"]))
-        figures = score(found["statuses"]) | {"files": entry["files"], "tests": tests,
+        equivalent = equivalent_mutants(entry, found["statuses"], found["diffs"])
+        for file_name, names in (("survivors.diff", [n for n in found["diffs"] if n not in equivalent]),
+                                 ("equivalent.diff", sorted(equivalent))):
+            (tree / file_name).write_text("\n".join(f"# {n}: {found['statuses'][n]}\n{found['diffs'][n]}" for n in names))
+        figures = score(found["statuses"], equivalent) | {"files": entry["files"], "tests": tests,
                                               "rev": args.rev or "working tree", "deselected": args.deselect, "seconds": round(seconds, 1)}
         (tree / "score.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         shown = f"{figures['score']:.1%}" if figures["score"] is not None else "-"
         print(f"{name:<14}{figures['total']:>8}{figures['killed']:>8}{figures['timeout']:>8}"
-              f"{figures['survived']:>9}{figures['no_tests']:>9}{shown:>8}{seconds:>9.0f}", flush=True)
+              f"{figures['survived']:>9}{figures['no_tests']:>9}{figures['equivalent']:>8}{shown:>8}{seconds:>9.0f}",
+              flush=True)
     # Every module measured so far in this tree (a run of one module keeps the others' figures).
     results = {path.parent.name: json.loads(path.read_text()) for path in sorted((OUT / label).glob("*/score.json"))}
     scores_file = OUT / label / "scores.json"
