@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -229,9 +230,26 @@ class TransformersBatchSession:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._closing = threading.Event()
+        # (start ns, end ns, sequences, query tokens) of each forward step: the profile's batch size per step
+        self.steps: list[tuple[int, int, int, int]] = []
+        self._record_steps()
         self._manager.start()
         self._dispatcher = threading.Thread(target=self._dispatch, name="mlharness-llm-dispatch", daemon=True)
         self._dispatcher.start()
+
+    def _record_steps(self) -> None:
+        """Time each of the manager's forward steps and keep its size: one list append a step. The manager's
+        loop calls `self._generation_step()`, so the instance attribute set here is what it runs."""
+        manager, steps, clock = self._manager, self.steps, time.perf_counter_ns
+        step = manager._generation_step
+
+        def timed_step() -> None:
+            start = clock()
+            step()
+            batch = manager.batch_processor.inputs_and_outputs
+            steps.append((start, clock(), getattr(batch, "num_request_in_batch", 0), getattr(batch, "num_q_tokens", 0)))
+
+        manager._generation_step = timed_step
 
     def submit(self, prompt_ids: np.ndarray, on_token: Callable[[int, int], None] | None,
                on_done: Callable[[np.ndarray | None, BaseException | None], None]) -> None:
