@@ -187,6 +187,14 @@ static PyObject *NativeHandoff_gather(NativeHandoff *self, PyObject *const *args
                      row_bytes, out.shape[0], out.len);
         goto done;
     }
+    /* Same bytes per row is not enough: a row of another shape (or any shape, with no rows) is a bug. */
+    int same_row_shape = out.ndim == staged.ndim;
+    for (int d = 1; same_row_shape && d < staged.ndim; d++)
+        same_row_shape = out.shape[d] == staged.shape[d];
+    if (!same_row_shape) {
+        PyErr_SetString(PyExc_ValueError, "out rows must have the shape of staged rows");
+        goto done;
+    }
     /* memcpy between overlapping buffers is undefined; the harness never asks for it. */
     const char *staged_begin = staged.buf, *out_begin = out.buf;
     if (out.len > 0 && staged.len > 0 && out_begin < staged_begin + staged.len && staged_begin < out_begin + out.len) {

@@ -119,6 +119,8 @@ def test_gather_empty_batch(name: str) -> None:
         handoff.gather(staged, np.array([], np.int64), np.empty((1, 3), np.float32))
     with pytest.raises(TypeError):
         handoff.gather(staged, np.array([], np.int64), np.empty((0, 3), np.float64))
+    with pytest.raises(ValueError):  # no rows, but rows of another shape: no bytes to compare
+        handoff.gather(staged, np.array([], np.int64), np.empty((0, 4), np.float32))
 
 
 @pytest.mark.parametrize("name", ["python", "native"])
@@ -142,6 +144,8 @@ def test_gather_refuses_mismatched_out() -> None:
         native.gather(staged, [1, 2], np.empty((3, 4), np.float32))
     with pytest.raises(ValueError, match="rows"):
         native.gather(staged, [1, 2], np.empty((2, 5), np.float32))
+    with pytest.raises(ValueError, match="shape of staged rows"):  # the same bytes per row, another shape
+        native.gather(staged, [1, 2], np.empty((2, 2, 2), np.float32))
     with pytest.raises(ValueError, match="overlaps"):
         native.gather(staged, [1, 2], staged[4:6])
     with pytest.raises(TypeError, match="integer"):
