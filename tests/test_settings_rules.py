@@ -65,7 +65,7 @@ def refused(item: str, expected: str, got: str | None = None) -> str:
 # ---- LoadGen values, one key at a time ------------------------------------------------------------
 
 QPS = "a number of queries per second > 0"
-LAT = "a latency in ms > 0"
+LAT = f"a latency in ms > 0 and <= {MAX_MS}"
 SERVER_LAT = "a latency in whole ms >= 1 (LoadGen reads Server's as an integer)"
 PCT = "a percentile in percent, 0 < p < 100 (90 = p90)"
 OCTAL = " (LoadGen would read a leading 0 as octal)"

@@ -189,7 +189,8 @@ def _number_problem(key: str, text: str, scenario: str) -> tuple[str, float | No
         # LoadGen reads percent (90 = p90) and indexes its sorted latencies with p: 100 reads past them.
         return ("" if 0 < number < 100 else f"{rule.meaning}, 0 < p < 100 (90 = p90)"), number
     if not rule.low < number <= (high if rule.in_ms else math.inf):
-        return f"{rule.meaning} > {rule.low:g}", None
+        ceiling = f" and <= {high}" if rule.in_ms else ""  # a value past it must not read as "> 0"
+        return f"{rule.meaning} > {rule.low:g}{ceiling}", None
     return "", number
 
 
