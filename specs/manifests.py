@@ -162,6 +162,7 @@ class DatasetManifest(Manifest):
     sample_count: int = 0
     evaluation: dict[str, Any] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)  # hints for user code, e.g. max_tokens
+    max_new_tokens: int | None = None  # generation.max_new_tokens: replaces a generative model's own
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ def build_dataset(doc: schema.DatasetDoc, raw: dict, path: Path, sha: str) -> Da
         kind="dataset", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
         description=doc.description, sources={str(key): _artifact(art) for key, art in doc.sources.items()},
         samples=doc.samples, load=doc.load, sample_count=doc.sample_count, evaluation=_metric(doc.evaluation),
-        attributes=dict(doc.attributes))
+        attributes=dict(doc.attributes),
+        max_new_tokens=doc.generation.max_new_tokens if doc.generation is not None else None)
 
 
 def build_software(doc: schema.SoftwareDoc, raw: dict, path: Path, sha: str) -> SoftwareManifest:
@@ -272,7 +274,9 @@ def build_reference(doc: schema.ReferenceDoc, raw: dict, path: Path, sha: str) -
         kind="reference", name=doc.name, version=doc.version, path=path, sha256=sha, doc=raw,
         model=doc.model.model_dump(exclude_none=True), dataset=doc.dataset.model_dump(exclude_none=True),
         backend=doc.backend,
-        accuracy={k: {"expected": v.expected_value, "tolerance": v.tolerance} for k, v in doc.accuracy.items()},
+        accuracy={k: {"expected": v.expected_value, **({"tolerance": v.tolerance} if v.min_fraction is None
+                                                          else {"min_fraction": v.min_fraction})}
+                  for k, v in doc.accuracy.items()},
         performance=dict(doc.performance), outputs=tuple(raw.get("outputs") or ()))
 
 

@@ -328,6 +328,15 @@ class ModelDoc(ManifestDoc):
 
 # -- dataset, software, hardware, reference -----------------------------------------------------------
 
+class DatasetGeneration(Doc):
+    """What a prompt dataset asks of a generative model: how long its answers are (a one-word label
+    needs a few tokens, a summary tens). It replaces the model manifest's generation.max_new_tokens."""
+
+    expected: ClassVar[str] = "a mapping {max_new_tokens}"
+
+    max_new_tokens: int = Field(gt=0, description="a positive token count")
+
+
 class DatasetDoc(ManifestDoc):
     expected: ClassVar[str] = "a mapping with kind: dataset"
 
@@ -338,6 +347,7 @@ class DatasetDoc(ManifestDoc):
     sample_count: int = Field(gt=0, description="a positive integer")
     evaluation: Metric | None = Field(None, description=Metric.expected)
     attributes: Mapping = Field(default_factory=dict)  # hints for user code, e.g. max_tokens
+    generation: DatasetGeneration | None = Field(None, description=DatasetGeneration.expected)
 
 
 PackageConstraint = Annotated[str, _version_constraint("a version constraint such as '==1.31.1' or '>=2.0'"),
@@ -400,10 +410,23 @@ class Identity(Doc):
 
 
 class Expectation(Doc):
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["tolerance"]}, {"required": ["min_fraction"]}]})
     expected: ClassVar[str] = "a mapping {expected, tolerance}"
 
     expected_value: float = Field(alias="expected", description="a number")
-    tolerance: float = Field(ge=0, description="a number >= 0")
+    # Two rules: `tolerance`, |measured - expected| <= tolerance; or MLPerf's one-sided rule for LLM
+    # accuracy, measured >= min_fraction x expected (min_fraction 0.99: "99% of the reference's score").
+    tolerance: float | None = Field(None, ge=0, description="a number >= 0")
+    min_fraction: float | None = Field(None, gt=0, le=1, description="a fraction > 0 and <= 1 (MLPerf's rule: 0.99)")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Expectation:
+        if self.tolerance is None and self.min_fraction is None:
+            refuse_all([(("tolerance",), "a number >= 0 (required field is missing)", None)])
+        if self.tolerance is not None and self.min_fraction is not None:
+            refuse_all([(("min_fraction",), "no min_fraction beside tolerance (one rule a metric: tolerance is "
+                         "two-sided, min_fraction one-sided)", self.min_fraction)])
+        return self
 
 
 class OutputCheck(Doc):

@@ -279,7 +279,13 @@ ERRORS = [
     case("model", {"dataset": 5}, "dataset: expected a default dataset name, got 5"),
     # dataset
     case("dataset", {"labels": 1}, "labels: expected no such field (allowed: attributes, description, evaluation, "
-                                   "kind, load, name, sample_count, samples, sources, version)"),
+                                   "generation, kind, load, name, sample_count, samples, sources, version)"),
+    case("dataset", {"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected a positive token count, got 0"),
+    case("reference", {"accuracy": {"rouge1": {"expected": 0.3, "tolerance": 0.01, "min_fraction": 0.99}}},
+         "accuracy.rouge1.min_fraction: expected no min_fraction beside tolerance (one rule a metric: tolerance is "
+         "two-sided, min_fraction one-sided), got 0.99"),
+    case("reference", {"accuracy": {"rouge1": {"expected": 0.3, "min_fraction": 1.5}}},
+         "accuracy.rouge1.min_fraction: expected a fraction > 0 and <= 1 (MLPerf's rule: 0.99), got 1.5"),
     case("dataset", {"sources": "x"}, "sources: expected a mapping name -> {uri, sha256}, got 'x'"),
     case("dataset", {"sources.images": "x"}, "sources.images: expected a mapping {uri, sha256}, got 'x'"),
     case("dataset", {"sources.images": {"uri": "i.npy", "sha256": "b" * 63}},
