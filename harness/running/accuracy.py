@@ -80,6 +80,23 @@ def evaluate(outputs: dict[int, np.ndarray], labels: Sequence[Any], metric_spec:
     return get_metric(name, where)(outputs, labels, params)
 
 
+def _value_check(name: str, spec: dict[str, float], got: float | None) -> dict[str, Any]:
+    """One accuracy value against the reference's: within `tolerance` either side, or (`min_fraction`,
+    MLPerf's LLM rule) at least that fraction of the reference's value, one-sided: higher always passes."""
+    expected = spec["expected"]
+    got_text = "missing" if got is None else f"{got:.6f}"
+    if "min_fraction" in spec:
+        fraction = spec["min_fraction"]
+        ok = got is not None and got >= fraction * expected
+        return {"name": name, "expected": expected, "min_fraction": fraction, "measured": got, "pass": ok,
+                "line": f"{name}: expected at least {fraction:g} x {expected:.6f} = {fraction * expected:.6f}, "
+                        f"measured {got_text}: {'PASS' if ok else 'FAIL'}"}
+    tolerance = spec["tolerance"]
+    ok = got is not None and abs(got - expected) <= tolerance
+    return {"name": name, "expected": expected, "tolerance": tolerance, "measured": got, "pass": ok,
+            "line": f"{name}: expected {expected:.6f} ± {tolerance:g}, measured {got_text}: {'PASS' if ok else 'FAIL'}"}
+
+
 def compare(result: MetricResult, reference: ReferenceLog | None, outputs: dict[int, np.ndarray],
             metric_name: str) -> AccuracyReport:
     report = AccuracyReport(metric_name, result.values, result.headline)
@@ -87,13 +104,7 @@ def compare(result: MetricResult, reference: ReferenceLog | None, outputs: dict[
         return report
     report.reference = f"{reference.ref} ({reference.path})"
     for name, spec in reference.accuracy.items():
-        expected, tolerance = spec["expected"], spec["tolerance"]
-        got = result.values.get(name)
-        ok = got is not None and abs(got - expected) <= tolerance
-        got_text = "missing" if got is None else f"{got:.6f}"
-        report.checks.append({"name": name, "expected": expected, "tolerance": tolerance, "measured": got,
-                              "pass": ok, "line": f"{name}: expected {expected:.6f} ± {tolerance:g}, "
-                                                 f"measured {got_text}: {'PASS' if ok else 'FAIL'}"})
+        report.checks.append(_value_check(name, spec, result.values.get(name)))
     for item in reference.outputs:
         index = int(item["sample"])
         got = outputs.get(index)
