@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,10 +69,20 @@ def is_generative(model: ModelManifest) -> bool:
     return model.generation is not None
 
 
+def for_dataset(model: ModelManifest, dataset: DatasetManifest) -> ModelManifest:
+    """The model as it answers this dataset's prompts: the dataset's generation.max_new_tokens, where it
+    declares one, replaces the model's (an answer's length belongs to the task: a label, a summary)."""
+    if dataset.max_new_tokens is None or model.generation is None:
+        return model
+    return replace(model, generation=replace(model.generation, max_new_tokens=dataset.max_new_tokens))
+
+
 def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest,
                       backend_name: str, options: dict[str, Any]) -> LLMRuntime:
     """Resolve and verify the weights, enumerate the prompts (the dataset's samples: (prompt text, label)),
-    load the engine, tokenize every prompt; each phase timed into cold_start."""
+    load the engine (with the dataset's max_new_tokens, see for_dataset), tokenize every prompt; each
+    phase timed into cold_start."""
+    model = for_dataset(model, dataset)
     if backend_name == "null":
         raise UserError(f"{model.path}: the null backend does not generate tokens; run a generative model on "
                         f"{model.framework}")
