@@ -135,6 +135,53 @@ def test_token_mode_reaches_loadgen_and_accuracy_passes_its_reference(tmp_path: 
     assert record["accuracy"]["verdict"] == "PASS"
 
 
+FOUR_QUESTIONS = """\
+    kind: dataset
+    name: four-questions
+    version: 1.0.0
+    description: Four short questions with different answers, so that an answer sent back for the wrong sample shows.
+    sample_count: 4
+    samples: |
+      def samples(ctx):
+          questions = [("What is the capital of France?", "paris"), ("What colour is grass?", "green"),
+                       ("How many legs does a spider have?", "eight"), ("Which animal says moo?", "cow")]
+          return [(f"Answer with one word. {q}", a) for q, a in questions]
+    evaluation:
+      metric: exact_match
+    """
+
+
+def test_multistream_queries_of_several_prompts_stream_tokens_and_keep_each_answer_with_its_sample(tmp_path: Path):
+    """MultiStream with a generative model: every query carries 2 prompts, each sample's first token and
+    final response reach LoadGen (token figures in its summary), and every sample gets its own answer:
+    the generations equal a SingleStream run's (one prompt a query, nothing to misroute) on questions
+    whose answers differ."""
+    dataset = write_manifest(tmp_path, "questions.yaml", FOUR_QUESTIONS)
+    common = ["--backend", "llama_cpp", "--dataset", str(dataset), "--quick", "--set", "intra_op_threads=1",
+              "--set", "warmup_queries=1"]
+    run_new(tmp_path / "multi", "smollm2-135m", "--scenario", "MultiStream", "--mode", "submission", *common,
+            "--set", "samples_per_query=2", "--set", "min_query_count=4")
+    run_new(tmp_path / "single", "smollm2-135m", "--scenario", "SingleStream", "--mode", "accuracy", *common)
+    record = newest_run(tmp_path / "multi", "smollm2-135m", "MultiStream")
+    perf = record["performance"]
+    assert record["settings"]["loadgen"]["samples_per_query"] == "2"
+    for stat in ("p50", "p90", "p99"):
+        assert perf[f"ttft_{stat}_ns"] > 0 and perf[f"tpot_{stat}_ns"] > 0
+    # A query ends with its last sample: after both prompts' generations, so past the first token.
+    assert perf["p50_latency_ns"] > perf["ttft_p50_ns"]
+    summary = (Path(record["results_path"]) / "performance" / "run_1" / "mlperf_log_summary.txt").read_text()
+    assert "Scenario : MultiStream" in summary and "50.00 percentile first token latency (ns)" in summary
+
+    def generations(results: Path, scenario: str) -> list[dict]:
+        run_dir = Path(newest_run(results, "smollm2-135m", scenario)["results_path"])
+        return [json.loads(line) for line in (run_dir / "accuracy" / "generations.jsonl").read_text().splitlines()]
+
+    multi, single = generations(tmp_path / "multi", "MultiStream"), generations(tmp_path / "single", "SingleStream")
+    assert [g["sample"] for g in multi] == [0, 1, 2, 3]
+    assert len({tuple(g["tokens"]) for g in single}) >= 3, "the questions must get different answers"
+    assert [g["tokens"] for g in multi] == [g["tokens"] for g in single]
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"PK\x03\x04 not a GGUF file", "is not a GGUF file (its first bytes are b'PK\\x03\\x04'"),
     (None, "llama.cpp cannot load {fake}: Failed to load model from file: {fake}"),  # GGUF magic, cut short
