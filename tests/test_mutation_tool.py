@@ -70,3 +70,12 @@ def test_only_letter_case_survivors_of_an_opted_in_module_are_equivalent() -> No
 def test_the_result_store_opts_in_and_no_other_module_does() -> None:
     modules = _driver().load_modules()
     assert [name for name, entry in modules.items() if entry.get("case_insensitive_text")] == ["result_store"]
+
+
+def test_a_selection_of_mutants_is_scored_alone() -> None:
+    found = {"statuses": {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived", "m.x_g__mutmut_1": "not checked"},
+             "diffs": {"m.x_f__mutmut_2": "-a\n+b\n", "m.x_g__mutmut_1": "-a\n+c\n"}}
+    chosen = _driver().select_mutants(found, ["*x_f__*"])
+    assert chosen == {"statuses": {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived"},
+                      "diffs": {"m.x_f__mutmut_2": "-a\n+b\n"}}
+    assert _driver().score(chosen["statuses"])["score"] == 0.5

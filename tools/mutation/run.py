@@ -9,6 +9,7 @@ docs/testing.md)."""
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -76,12 +77,12 @@ def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
     return tree, tests
 
 
-def run_mutmut(tree: Path, children: int) -> float:
+def run_mutmut(tree: Path, children: int, only: list[str]) -> float:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     started = time.monotonic()
     with open(tree / "mutmut.log", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
+        done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *only],
                               check=False, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = (tree / "mutmut.log").read_text(errors="replace")[-2000:]
@@ -111,6 +112,13 @@ def collect(tree: Path) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-c", REPORT], cwd=tree, env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout)
+
+
+def select_mutants(found: dict[str, Any], patterns: list[str]) -> dict[str, Any]:
+    """The statuses and diffs of the mutants whose names match one of `patterns` (as mutmut matches them)."""
+    keep = {name for name in found["statuses"] if any(fnmatch.fnmatch(name, p) for p in patterns)}
+    return {"statuses": {n: s for n, s in found["statuses"].items() if n in keep},
+            "diffs": {n: d for n, d in found["diffs"].items() if n in keep}}
 
 
 def changes_letter_case_only(diff: str) -> bool:
@@ -158,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deselect", action="append", default=[], metavar="NODEID",
                         help="leave out a test (repeatable), e.g. one known to fail at --rev: mutmut needs "
                         "the selection to pass before it mutates")
+    parser.add_argument("--mutants", action="append", default=[], metavar="GLOB",
+                        help="test only the mutants whose names match (fnmatch, repeatable), e.g. "
+                        "'*_serve_native*' for one function; the score then counts those alone")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2,
                         help="mutants tested at once (default: the CPU count)")
     args = parser.parse_args(argv)
@@ -168,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in chosen:
         entry = modules[name]
         tree, tests = prepare_tree(name, entry, args.rev, args.deselect)
-        seconds = run_mutmut(tree, args.children)
+        seconds = run_mutmut(tree, args.children, args.mutants)
         found = collect(tree)
+        if args.mutants:  # mutants left unchecked by the selection are not part of this figure
+            found = select_mutants(found, args.mutants)
         equivalent = equivalent_mutants(entry, found["statuses"], found["diffs"])
         for file_name, names in (("survivors.diff", [n for n in found["diffs"] if n not in equivalent]),
                                  ("equivalent.diff", sorted(equivalent))):
             (tree / file_name).write_text("\n".join(f"# {n}: {found['statuses'][n]}\n{found['diffs'][n]}" for n in names))
-        figures = score(found["statuses"], equivalent) | {"files": entry["files"], "tests": tests,
+        figures = score(found["statuses"], equivalent) | {"files": entry["files"], "tests": tests, "mutants": args.mutants or "all",
                                               "rev": args.rev or "working tree", "deselected": args.deselect, "seconds": round(seconds, 1)}
         (tree / "score.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         shown = f"{figures['score']:.1%}" if figures["score"] is not None else "-"
