@@ -54,6 +54,22 @@ CASE_ONLY = '''--- a.py
 TEXT_CHANGED = CASE_ONLY.replace('"select run_id from runs"', '"XXSELECT run_id FROM runsXX"')
 
 
+def _diff(before: str, after: str) -> str:
+    return f"--- a.py\n+++ a.py\n@@ -1 +1 @@\n-{before}\n+{after}\n"
+
+
+@pytest.mark.parametrize("before, after, equivalent", [
+    ('rows = conn.execute("SELECT * FROM runs").fetchall()', 'rows = conn.execute("select * from runs").fetchall()', True),
+    ('return json.loads(row["record_json"])', 'return json.loads(row["RECORD_JSON"])', True),  # a sqlite3.Row key
+    ('keep = [c for c in row if c != "run_id"]', 'keep = [c for c in row if c != "RUN_ID"]', False),  # Python compares it
+    ('values = {"model": run.model}', 'values = {"MODEL": run.model}', False),  # a dict key
+    ('conn.execute("COMMIT")', 'CONN.execute("COMMIT")', False),  # a change outside the literals
+    ('conn.execute("COMMIT")', 'conn.execute("XXCOMMITXX")', False),
+])
+def test_which_case_changes_are_read_without_case(before: str, after: str, equivalent: bool) -> None:
+    assert _driver().changes_letter_case_only(_diff(before, after)) is equivalent
+
+
 def test_only_letter_case_survivors_of_an_opted_in_module_are_equivalent() -> None:
     driver = _driver()
     statuses = {"case": "survived", "text": "survived", "case_killed": "killed"}

@@ -12,6 +12,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,14 +122,35 @@ def select_mutants(found: dict[str, Any], patterns: list[str]) -> dict[str, Any]
             "diffs": {n: d for n, d in found["diffs"].items() if n in keep}}
 
 
+_STRING = re.compile(r"""[fFrRbB]?("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""")
+_SQL_WORD = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|FROM|WHERE|AND|OR|VALUES|ORDER|GROUP|"
+                       r"PRAGMA|BEGIN|COMMIT|ROLLBACK|INTO|SET|JOIN|INDEX|TABLE|REPLACE|IMMEDIATE)\b", re.IGNORECASE)
+
+
+def _read_without_case(line: str, literal: re.Match[str]) -> bool:
+    """Whether this string literal is text that is read without regard to case: SQL (it holds an SQL
+    keyword) or a sqlite3.Row key (the subscript of a name ending in `row`)."""
+    return bool(_SQL_WORD.search(literal.group(1))) or bool(re.search(r"\brow\[\s*$", line[:literal.start()]))
+
+
 def changes_letter_case_only(diff: str) -> bool:
-    """Whether a mutant's diff only changes the letter case of its lines (mutmut's case mutations of
-    a string: "SELECT" -> "select"). Such a mutant is equivalent wherever the text is read without
-    regard to case, as SQLite reads SQL and sqlite3.Row reads column names."""
+    """Whether a mutant's diff only changes the letter case of string literals that are read without
+    regard to case (mutmut's case mutations: "SELECT" -> "select"): SQL text, which SQLite reads so,
+    and sqlite3.Row keys, which it looks up so. A case change anywhere else (a Python comparison, a
+    dict key) is not covered, however harmless it may be."""
     removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    return (bool(removed) and len(removed) == len(added) and removed != added
-            and all(a.lower() == b.lower() for a, b in zip(removed, added)))
+    if not removed or len(removed) != len(added) or removed == added:
+        return False
+    for before, after in zip(removed, added):
+        if before.lower() != after.lower():
+            return False
+        old, new = list(_STRING.finditer(before)), list(_STRING.finditer(after))
+        if len(old) != len(new) or _STRING.sub("", before) != _STRING.sub("", after):
+            return False  # a change outside the string literals
+        if not all(_read_without_case(before, a) for a, b in zip(old, new) if a.group(0) != b.group(0)):
+            return False
+    return True
 
 
 def equivalent_mutants(entry: dict[str, Any], statuses: dict[str, str], diffs: dict[str, str]) -> set[str]:
