@@ -114,7 +114,8 @@ def failing_null_model(name: str = "flaky", *, bad_sample: int = -1, postprocess
 
 def smollm2_first_prompts_reference(folder: Path, name: str, backend: str) -> Path:
     """A reference log for smollm2-135m on `backend` over the first few polarity prompts: exact_match
-    0.5 and the token ids both engines generate for samples 0 and 1, as the LLM tests expect them."""
+    at least 0.99 x 0.5 (MLPerf's one-sided rule) and the token ids both engines generate for samples 0
+    and 1, as the LLM tests expect them."""
     return write_manifest(folder, "reference.yaml", f"""\
         kind: reference
         name: {name}
@@ -123,7 +124,7 @@ def smollm2_first_prompts_reference(folder: Path, name: str, backend: str) -> Pa
         dataset: {{name: pang-lee-polarity-prompts, version: 1.0.0}}
         backend: {backend}
         accuracy:
-          exact_match: {{expected: 0.5, tolerance: 0.005}}
+          exact_match: {{expected: 0.5, min_fraction: 0.99}}
         outputs:
           - {{sample: 0, values: [16185, 2], atol: 0}}
           - {{sample: 1, values: [16185, 2], atol: 0}}

@@ -76,7 +76,8 @@ def test_every_reference_names_a_model_for_its_backend_and_a_dataset(reference) 
     assert models[0].version == reference.model["version"]
     dataset = INDEX.find("dataset", reference.dataset["name"])
     assert dataset.version == reference.dataset["version"]
-    assert reference.accuracy and all(spec["tolerance"] >= 0 for spec in reference.accuracy.values())
+    assert reference.accuracy and all(spec.get("tolerance", 0) >= 0 and 0 < spec.get("min_fraction", 1) <= 1
+                                      and len(spec) == 2 for spec in reference.accuracy.values())
 
 
 CONVERTED = """\
