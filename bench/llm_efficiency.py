@@ -52,14 +52,15 @@ WARMUP_PROMPTS = 3
 
 # ------------------------------------------------------------------------------ children
 
-def _engine(backend: str, threads: int) -> Any:
-    return load_engine(MODEL, backend, threads)
+def _engine(backend: str, threads: int, dataset: str | None) -> Any:
+    return load_engine(MODEL, backend, threads, dataset)
 
 
-def transformers_plain_offline(threads: int, prompts: int, batch: int, samples: int) -> dict[str, Any]:
+def transformers_plain_offline(threads: int, prompts: int, batch: int, samples: int,
+                               dataset: str | None = None) -> dict[str, Any]:
     """transformers' own generate_batch over `samples` prompts (the first `prompts`, cycled), at `batch`."""
-    engine = _engine("transformers", threads)
-    ids = prompt_ids(engine, prompts)
+    engine = _engine("transformers", threads, dataset)
+    ids = prompt_ids(engine, prompts, dataset)
     longest = max(len(p) for p in ids) + engine.max_new_tokens
     generation, batching = engine.batch_configs(batch, longest)
     lm = engine.lm
@@ -74,7 +75,8 @@ def transformers_plain_offline(threads: int, prompts: int, batch: int, samples: 
             "samples": len(outputs), "tokens": tokens, "seconds": elapsed}
 
 
-def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: str = "generate") -> dict[str, Any]:
+def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: str = "generate",
+                              dataset: str | None = None) -> dict[str, Any]:
     """A plain loop at batch 1, one prompt after another for `seconds`: the time to each prompt's first token
     and the time per output token after it. `loop`: "generate", transformers' `model.generate` (greedy, a
     streamer stamping each token); "engine", the engine's own decode loop (`engine.generate`, what mlharness
@@ -83,8 +85,8 @@ def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: 
     import torch
     from transformers.generation.streamers import BaseStreamer
 
-    engine = _engine("transformers", threads)
-    ids = prompt_ids(engine, prompts)
+    engine = _engine("transformers", threads, dataset)
+    ids = prompt_ids(engine, prompts, dataset)
     lm = engine.lm
     stamps: list[int] = []
 
@@ -132,9 +134,10 @@ def transformers_plain_single(threads: int, prompts: int, seconds: float, loop: 
             "tpot_p90_ns": int(np.percentile(tpot, 90)) if tpot else None}
 
 
-def harness_run(backend: str, scenario: str, threads: int, prompts: int, overrides: list[str]) -> dict[str, Any]:
+def harness_run(backend: str, scenario: str, threads: int, prompts: int, overrides: list[str],
+                dataset: str | None = None) -> dict[str, Any]:
     record = harness_run_record(MODEL, backend, scenario, threads, prompts, WARMUP_PROMPTS, overrides,
-                                "bench/llm_efficiency.py")
+                                "bench/llm_efficiency.py", dataset)
     perf = record.performance
     keys = ("valid", "result", "tokens_per_second", "completed_tokens_per_second", "samples_per_second",
             "completed_samples_per_second", "ttft_p50_ns", "ttft_p90_ns", "ttft_p99_ns", "tpot_p50_ns",
@@ -148,11 +151,14 @@ def child(spec: dict[str, Any]) -> None:
     started = time.perf_counter()
     kind = spec["kind"]
     if kind == "plain-offline":
-        result = transformers_plain_offline(spec["threads"], spec["prompts"], spec["batch"], spec["samples"])
+        result = transformers_plain_offline(spec["threads"], spec["prompts"], spec["batch"], spec["samples"],
+                                            spec.get("dataset"))
     elif kind == "plain-single":
-        result = transformers_plain_single(spec["threads"], spec["prompts"], spec["seconds"], spec["loop"])
+        result = transformers_plain_single(spec["threads"], spec["prompts"], spec["seconds"], spec["loop"],
+                                           spec.get("dataset"))
     else:
-        result = harness_run(spec["backend"], spec["scenario"], spec["threads"], spec["prompts"], spec["overrides"])
+        result = harness_run(spec["backend"], spec["scenario"], spec["threads"], spec["prompts"], spec["overrides"],
+                             spec.get("dataset"))
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
     report(result)
 
@@ -180,10 +186,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def transformers_figures(threads: int, prompts: int, seconds: float, repeats: int, runs: list[dict[str, Any]],
-                         batch: int = 8, offline_samples: int = 240) -> dict[str, Any]:
+                         batch: int = 8, offline_samples: int = 240, dataset: str | None = None) -> dict[str, Any]:
     """Offline tokens/s at `batch` and SingleStream TTFT/TPOT against transformers' own loops, the best of
     `repeats` interleaved rounds each (on a shared machine other work only slows a run down)."""
-    base = {"backend": "transformers", "threads": threads, "prompts": prompts}
+    base = {"backend": "transformers", "threads": threads, "prompts": prompts, "dataset": dataset}
     best: dict[str, dict[str, Any]] = {}
 
     def keep(name: str, run: dict[str, Any], key: str, higher: bool) -> None:
@@ -228,15 +234,19 @@ def transformers_figures(threads: int, prompts: int, seconds: float, repeats: in
 
 
 def server_search(backend: str, threads: int, prompts: int, batch: int, batching: str, start: float, queries: int,
-                  runs: list[dict[str, Any]], steps: int = 4) -> dict[str, Any]:
-    """The highest VALID Server QPS found in at most `steps` tests (see the module's doc)."""
+                  runs: list[dict[str, Any]], steps: int = 4, dataset: str | None = None,
+                  percentile: float = 99.0) -> dict[str, Any]:
+    """The highest VALID Server QPS found in at most `steps` tests (see the module's doc), with the TTFT/TPOT
+    limits at `percentile` (MLPerf's 99 by default)."""
     valid, invalid, tried = 0.0, None, []
     qps = start
     for _ in range(steps):
         run = measure({"backend": backend, "threads": threads, "prompts": prompts, "kind": "harness",
-                       "scenario": "Server", "batching": batching, "qps": round(qps, 3), "overrides": [
+                       "scenario": "Server", "batching": batching, "qps": round(qps, 3), "dataset": dataset,
+                       "overrides": [
                            f"max_batch_size={batch}", f"llm_batching={batching}", f"target_qps={qps:.3f}",
-                           f"min_query_count={queries}", "min_duration=10000"]}, runs)
+                           f"min_query_count={queries}", "min_duration=10000",
+                           f"target_latency_percentile={percentile:g}"]}, runs)
         ok = run.get("valid") is True or run.get("result") == "VALID"
         tried.append({"qps": round(qps, 3), "valid": ok, "ttft_p99_ns": run.get("ttft_p99_ns"),
                       "tpot_p99_ns": run.get("tpot_p99_ns"), "goodput_fraction": run.get("goodput_fraction"),
@@ -285,11 +295,21 @@ def main() -> None:
     parser.add_argument("--server-queries", type=int, default=480, help="queries in each Server test")
     parser.add_argument("--server-steps", type=int, default=3, help="Server tests per batching")
     parser.add_argument("--no-server", action="store_true", help="skip the Server search")
+    parser.add_argument("--server-only", action="store_true", help="only the Server search (no Offline/SingleStream)")
+    parser.add_argument("--server-percentile", type=float, default=99.0,
+                        help="the percentile the Server TTFT/TPOT limits apply at (MLPerf: 99; early stopping needs "
+                             "about 460 queries at 99, 44 at 90)")
+    parser.add_argument("--dataset", help="a prompt dataset (default: the model's); transformers engine only, e.g. "
+                                          "lee-summaries (48-token summaries)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
+    if args.dataset and set(args.engines) - set(BATCHED):
+        parser.error(f"--dataset applies to the engines {', '.join(BATCHED)} only")
+    if args.server_only and args.no_server:
+        parser.error("--server-only and --no-server leave nothing to measure")
     sys.path.insert(0, str(ROOT))
     from harness.running.system import cpu_model
 
@@ -298,11 +318,14 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     engines: dict[str, Any] = {}
     for name in args.engines:
-        extra = {"batch": args.batch, "offline_samples": args.offline_samples} if name in BATCHED else {}
-        figures = ENGINES[name](args.threads, args.prompts, args.seconds, args.repeats, runs, **extra)
+        extra = {"batch": args.batch, "offline_samples": args.offline_samples, "dataset": args.dataset} \
+            if name in BATCHED else {}
+        figures = {} if args.server_only else ENGINES[name](args.threads, args.prompts, args.seconds, args.repeats,
+                                                            runs, **extra)
         if name in BATCHED and not args.no_server:
             figures["server"] = {mode: server_search(name, args.threads, args.prompts, args.batch, mode,
-                                                     args.server_start, args.server_queries, runs, args.server_steps)
+                                                     args.server_start, args.server_queries, runs, args.server_steps,
+                                                     args.dataset, args.server_percentile)
                                  for mode in ("continuous", "static")}
             c, s = (figures["server"][m]["highest_valid_qps"] for m in ("continuous", "static"))
             figures["server_continuous_over_static"] = _ratio(c, s)
@@ -313,33 +336,40 @@ def main() -> None:
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "python": platform.python_version(), "platform": platform.platform()},
         "settings": {k: getattr(args, k) for k in ("threads", "batch", "prompts", "offline_samples", "seconds", "repeats",
-                                                   "server_start", "server_queries", "server_steps", "no_server")},
+                                                   "server_start", "server_queries", "server_steps", "no_server",
+                                                   "server_only", "server_percentile", "dataset")},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     for name, f in engines.items():
-        m, p = f["mlharness_singlestream"], f["plain_singlestream"]
-        print(f"\n{name}: Offline {f['mlharness_offline_tokens_per_second']:.2f} tokens/s vs plain "
-              f"{f.get('plain_offline_tokens_per_second') or f.get('plain_tokens_per_second'):.2f} "
-              f"(ratio {f['offline_tokens_ratio']}); SingleStream TTFT p50/p90 {ms(m['ttft_p50_ns'])}/"
-              f"{ms(m['ttft_p90_ns'])} ms vs plain {ms(p['ttft_p50_ns'])}/{ms(p['ttft_p90_ns'])} (ratios "
-              f"{f['singlestream_ttft_p50_ratio']}/{f['singlestream_ttft_p90_ratio']}), TPOT p50/p90 "
-              f"{ms(m['tpot_p50_ns'])}/{ms(m['tpot_p90_ns'])} ms vs plain {ms(p['tpot_p50_ns'])}/"
-              f"{ms(p['tpot_p90_ns'])} (ratios {f['singlestream_tpot_p50_ratio']}/{f['singlestream_tpot_p90_ratio']})")
-        if "engine_loop_singlestream" in f:
-            e = f["engine_loop_singlestream"]
-            print(f"  vs the engine's own loop without LoadGen: TTFT p50/p90 {ms(e['ttft_p50_ns'])}/{ms(e['ttft_p90_ns'])} "
-                  f"ms (ratios {f['singlestream_ttft_p50_ratio_vs_engine_loop']}/"
-                  f"{f['singlestream_ttft_p90_ratio_vs_engine_loop']}), TPOT p50/p90 {ms(e['tpot_p50_ns'])}/"
-                  f"{ms(e['tpot_p90_ns'])} ms (ratios {f['singlestream_tpot_p50_ratio_vs_engine_loop']}/"
-                  f"{f['singlestream_tpot_p90_ratio_vs_engine_loop']})")
+        print(f"\n{name}:" if args.server_only else "", end="")
+        if not args.server_only:
+            _print_loops(name, f)
         for mode, search in (f.get("server") or {}).items():
             print(f"  Server {mode}: highest VALID QPS {search['highest_valid_qps']} "
                   f"(lowest INVALID {search['lowest_invalid_qps']}); tried {[(t['qps'], t['valid']) for t in search['tried']]}")
         if "server_continuous_over_static" in f:
             print(f"  continuous / static VALID QPS: {f['server_continuous_over_static']}")
     print(f"written: {args.out}")
+
+
+def _print_loops(name: str, f: dict[str, Any]) -> None:
+    m, p = f["mlharness_singlestream"], f["plain_singlestream"]
+    print(f"\n{name}: Offline {f['mlharness_offline_tokens_per_second']:.2f} tokens/s vs plain "
+          f"{f.get('plain_offline_tokens_per_second') or f.get('plain_tokens_per_second'):.2f} "
+          f"(ratio {f['offline_tokens_ratio']}); SingleStream TTFT p50/p90 {ms(m['ttft_p50_ns'])}/"
+          f"{ms(m['ttft_p90_ns'])} ms vs plain {ms(p['ttft_p50_ns'])}/{ms(p['ttft_p90_ns'])} (ratios "
+          f"{f['singlestream_ttft_p50_ratio']}/{f['singlestream_ttft_p90_ratio']}), TPOT p50/p90 "
+          f"{ms(m['tpot_p50_ns'])}/{ms(m['tpot_p90_ns'])} ms vs plain {ms(p['tpot_p50_ns'])}/"
+          f"{ms(p['tpot_p90_ns'])} (ratios {f['singlestream_tpot_p50_ratio']}/{f['singlestream_tpot_p90_ratio']})")
+    if "engine_loop_singlestream" in f:
+        e = f["engine_loop_singlestream"]
+        print(f"  vs the engine's own loop without LoadGen: TTFT p50/p90 {ms(e['ttft_p50_ns'])}/{ms(e['ttft_p90_ns'])} "
+              f"ms (ratios {f['singlestream_ttft_p50_ratio_vs_engine_loop']}/"
+              f"{f['singlestream_ttft_p90_ratio_vs_engine_loop']}), TPOT p50/p90 {ms(e['tpot_p50_ns'])}/"
+              f"{ms(e['tpot_p90_ns'])} ms (ratios {f['singlestream_tpot_p50_ratio_vs_engine_loop']}/"
+              f"{f['singlestream_tpot_p90_ratio_vs_engine_loop']})")
 
 
 if __name__ == "__main__":
