@@ -18,7 +18,9 @@ Scheduling (`batching`):
   when the engine is idle, and starts the next only when every sequence of that batch has finished.
 
 Every token's time is kept per sample (from issue_query to each token, `time.perf_counter_ns`), for the
-figures LoadGen does not report (inter-token latency, goodput: `token_figures`) and the profile.
+figures LoadGen does not report (inter-token latency, goodput: `token_figures`) and the profile, which
+reads these stamps, the scheduler's waits and the batch engine's steps after the test
+(profiling.token_timeline): nothing is added to the token path when profiling.
 
 A failure is handled as the tensor SUT does: recorded once, and that sample and every later one
 completed empty so LoadGen ends promptly."""
@@ -47,6 +49,7 @@ class SequenceTimes:
     admitted: int = 0
     tokens: list[int] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)  # running sequences when each token was made (batched)
+    completed: int = 0  # QuerySamplesComplete returned (the response handed to LoadGen)
 
 
 def choose_batching(requested: str | None, scenario: str, max_batch_size: int, engine: Any) -> str:
@@ -66,7 +69,7 @@ class TokenStreamingSUT(FirstFailure):
         sizes a batched engine's cache (default: the longest prompt and max_new_tokens); `warm_sequences`
         generated through a batched engine in start(), before LoadGen's test (its first steps are slow);
         `observer`: an object whose `sequence(times)` is called with each completed sample's SequenceTimes
-        (a hook for a profiling level; the runner passes none yet), or None."""
+        (a per-sample hook; the runner passes none: the profile reads `times` after the test), or None."""
         import mlperf_loadgen as lg
 
         self._lg = lg
@@ -87,6 +90,9 @@ class TokenStreamingSUT(FirstFailure):
         self.times: list[SequenceTimes] = []  # every completed sample's clock, in completion order
         self.waits_ns: list[tuple[int, int]] = []  # (start, end) of each time the scheduler waited for room
         self.admissions: list[tuple[int, int, int]] = []  # (when, sequences running before, sequences admitted)
+        # the batch engine's own record of its forward steps (start, end, sequences, query tokens), where it keeps
+        # one (`session.steps`); warm-up steps first. None: the engine records none, or no batch session ran.
+        self.engine_steps: list[tuple[int, int, int, int]] | None = None
         # batched scheduling
         self._session: Any = None
         self._cond = threading.Condition()
@@ -128,6 +134,7 @@ class TokenStreamingSUT(FirstFailure):
             self._thread = threading.Thread(target=self._serve, name="mlharness-llm-worker", daemon=True)
         else:
             self._session = self.backend.open_batch(self.max_batch_size, self.max_sequence_tokens)
+            self.engine_steps = getattr(self._session, "steps", None)
             if self.warm_sequences:
                 warm_batch(self._session, [self.prompts.prompt(i % len(self.prompts))
                                            for i in range(self.warm_sequences)])
@@ -259,6 +266,7 @@ class TokenStreamingSUT(FirstFailure):
         # `tokens` is held by this frame until QuerySamplesComplete has returned: LoadGen reads it there.
         lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, tokens.ctypes.data, tokens.nbytes,
                                                         int(tokens.size))])
+        clock.completed = time.perf_counter_ns()
         self._completed += 1
         self.generated_tokens += int(tokens.size)
         self.times.append(clock)
