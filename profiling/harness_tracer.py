@@ -1,6 +1,7 @@
 """The `harness` level: per-query spans from issue to completion, queue wait and batch formation,
 from the SUT's own perf_counter_ns stamps; LoadGen's per-sample trace is added when its trace
-option (--set enable_trace=1) was on. On a GPU backend (one with `start_device_timing`), CUDA events
+option (--set enable_trace=1) was on. For a generative model, the token timeline instead: prefill and
+decode per sequence, the engine's steps and batch size, the scheduler's waits (profiling.token_timeline). On a GPU backend (one with `start_device_timing`), CUDA events
 around each predict give the device's own time per batch, drawn on the device track."""
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class HarnessTracer(Tracer):
         self.batches.append((threading.get_native_id(), times))
 
     def collect(self, window: tuple[int, int]) -> LevelResult:
+        if getattr(self.ctx.runtime, "generative", False) and self.ctx.sut is not None:
+            from profiling import token_timeline
+
+            return self._with_loadgen_trace(token_timeline.collect(self.ctx.sut, self.level))
         spans, queued = [], []
         waits, formation, completion, queries = [], [], [], []
         for n, (tid, t) in enumerate(self.batches):
@@ -64,15 +69,19 @@ class HarnessTracer(Tracer):
             summary["device_timing"] = "CUDA events around each predict (the device's clock)"
         else:
             summary["device_timing"] = "off (the backend runs on the CPU)"
-        result = LevelResult(self.level, "ok", spans=spans, async_spans=queued, summary=summary)
+        return self._with_loadgen_trace(LevelResult(self.level, "ok", spans=spans, async_spans=queued, summary=summary))
+
+    def _with_loadgen_trace(self, result: LevelResult) -> LevelResult:
+        """LoadGen's own spans added, when its trace was on."""
         trace = self.ctx.loadgen_trace
         if trace is not None and trace.is_file():
             lg_spans, lg_async, lg_summary = loadgen_trace.read(trace, self.ctx.anchor)
             result.spans += lg_spans
             result.async_spans += lg_async
-            summary["loadgen_trace"] = lg_summary
+            result.summary["loadgen_trace"] = lg_summary
         else:
-            summary["loadgen_trace"] = {"status": "off", "reason": "LoadGen's trace is off (--set enable_trace=1 turns it on)"}
+            result.summary["loadgen_trace"] = {"status": "off",
+                                               "reason": "LoadGen's trace is off (--set enable_trace=1 turns it on)"}
         return result
 
 

@@ -24,6 +24,13 @@ def _timed(func: Callable[[Any, Any], Any], log: list[tuple[int, int, int]]) -> 
 class ModelTracer(Tracer):
     level = "model"
 
+    @classmethod
+    def unavailable(cls, ctx: Any) -> str | None:
+        if getattr(ctx.runtime, "generative", False):
+            return ("a generative model has no manifest stages to time; its prefill and decode per sequence are "
+                    "in the harness level")
+        return None
+
     def start(self) -> None:
         self.batches: list[tuple[int, Any]] = []
         self.preprocessed: list[tuple[int, int, int]] = []

@@ -10,7 +10,8 @@ from harness.tables import format_table
 from profiling.session import SUMMARY_SCHEMA_VERSION
 
 STAGE_ORDER = ("load", "preprocess", "query", "queue_wait", "batch_formation", "predict", "framework_run",
-               "postprocess", "complete")
+               "postprocess", "complete", "sample", "sut_queue", "engine_queue", "prefill", "decode", "response",
+               "harness")
 
 
 def find_summary(path: Path) -> Path:
@@ -45,6 +46,9 @@ def render(summary: dict[str, Any], top: int = 10) -> str:
              stages[n].get("p99_ms"), stages[n].get("max_ms")] for n in names if stages[n].get("count")]
     if rows:
         parts.append("stages (ms)\n" + format_table(["stage", "count", "mean", "p50", "p90", "p99", "max"], rows))
+    tokens = summary.get("harness", {})
+    if "time_split" in tokens:
+        parts.append(_token_lines(tokens))
     operators = summary.get("operators")
     if operators:
         rows = [[o["op"], o["calls"], o["self_ms"], _pct(o["share_of_predict"])] for o in operators["top"][:top]]
@@ -64,6 +68,18 @@ def render(summary: dict[str, Any], top: int = 10) -> str:
         if system.get("unavailable"):
             parts.append("unavailable: " + "; ".join(f"{k}: {v}" for k, v in system["unavailable"].items()))
     return "\n\n".join(parts)
+
+
+def _token_lines(harness: dict[str, Any]) -> str:
+    """A generative test: where the samples' time went, and the engine's batch size per step."""
+    split, steps = harness["time_split"], harness.get("engine_steps", {})
+    shares = ", ".join(f"{part} {_pct(split[part]['share'])}%" for part in ("prefill", "decode", "harness"))
+    lines = [f"time per sample: {shares} of {split['sample_total_ms']} ms over {split['samples']} samples "
+             f"({harness['batching']} batching, {harness['slots']} batch slot(s) used)"]
+    if steps.get("decode_steps"):
+        lines.append(f"decode steps: {steps['decode_steps']}, batch size mean {steps['decode_batch_size_mean']}, "
+                     f"max {steps['decode_batch_size_max']} ({steps['source']})")
+    return "\n".join(lines)
 
 
 def _overhead(summary: dict[str, Any], level: str) -> list[Any]:

@@ -20,6 +20,9 @@ SUMMARY_SCHEMA_VERSION = 1
 # points after them, and all stop in reverse: the system sampler's thread exists before the python
 # level starts following new threads, and python stops first so it never samples the others' exit.
 START_ORDER = ("system", "framework", "harness", "model", "python")
+GENERATIVE_OVERHEAD = ("not measured for a generative model: its harness level is derived after the test from "
+                       "stamps the token SUT keeps anyway (nothing runs on the token path); the other levels' cost "
+                       "is not calibrated")
 
 
 class ProfileSession:
@@ -43,10 +46,13 @@ class ProfileSession:
             hook(times)
 
     @contextmanager
-    def measuring(self, runtime: Any) -> Iterator["ProfileSession"]:
+    def measuring(self, runtime: Any, sut: Any = None) -> Iterator["ProfileSession"]:
+        """The levels around the test of `sut` (kept for tracers that read the SUT's own records after it)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        ctx = self._ctx = TraceContext(runtime, self.out_dir, ClockAnchor.measure(), self.scenario)
-        if self.calibrate:
+        ctx = self._ctx = TraceContext(runtime, self.out_dir, ClockAnchor.measure(), self.scenario, sut=sut)
+        if getattr(runtime, "generative", False):
+            self.overhead = {"method": GENERATIVE_OVERHEAD, "per_level": {}}
+        elif self.calibrate:
             self.overhead = calibrate_overhead(self.levels, runtime, self._scratch_tracer)
         for level in self.levels:
             tracer = tracer_class(level)(ctx)
@@ -146,4 +152,13 @@ def record_entry(summary: dict[str, Any]) -> dict[str, Any]:
         "top_operators": summary.get("operators", {}).get("top", [])[:5],
         "overhead_pct": {level: fig["overhead_pct"] for level, fig in summary["overhead"].get("per_level", {}).items()},
         "unavailable": unavailable,
+        **({"time_split": _split_entry(summary["harness"]["time_split"])}
+           if "time_split" in summary.get("harness", {}) else {}),
     }
+
+
+def _split_entry(split: dict[str, Any]) -> dict[str, Any]:
+    """run.json's form of a generative test's time split: total and share of each part."""
+    return {"samples": split["samples"], "sample_total_ms": split["sample_total_ms"],
+            **{part: {k: split[part][k] for k in ("total_ms", "share", "p50_ms", "p90_ms", "p99_ms") if k in split[part]}
+               for part in ("prefill", "decode", "harness")}}

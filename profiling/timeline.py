@@ -15,9 +15,11 @@ TIMELINE_SCHEMA_VERSION = 1
 ALIGN_TOLERANCE_NS = 20_000
 # Process groups in the trace: the real process (harness, model, framework on real thread ids),
 # then groups that have their own notion of threads.
-TRACKS = {"process": 0, "device": 1, "loadgen": 2, "python": 3, "system": 4}
+TRACKS = {"process": 0, "device": 1, "loadgen": 2, "python": 3, "system": 4, "sequences": 5}
 TRACK_LABELS = {"process": "mlharness (harness, model, framework)", "device": "device (framework kernels)",
-                "loadgen": "LoadGen trace", "python": "python (pyinstrument samples)", "system": "system"}
+                "loadgen": "LoadGen trace", "python": "python (pyinstrument samples)", "system": "system",
+                "sequences": "LLM sequences (prefill, decode per batch slot; engine steps; scheduler)"}
+SORT_INDEX = {"process": 0, "sequences": 1, "device": 2, "loadgen": 3, "python": 4, "system": 5}
 
 
 def _pid(track: str) -> int:
@@ -78,14 +80,16 @@ def build(results: Iterable[LevelResult], origin_ns: int, other: dict[str, Any])
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
     used = {(e["pid"], e.get("tid")) for e in events}
     meta: list[dict[str, Any]] = []
-    for track, index in TRACKS.items():
+    for track in TRACKS:
         pid = _pid(track)
         if any(p == pid for p, _ in used):
             meta.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": TRACK_LABELS[track]}})
-            meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": index}})
+            meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": SORT_INDEX[track]}})
     for pid, tid in sorted(used, key=lambda k: (k[0], k[1] or 0)):
         if tid is not None and pid == _pid("process"):
             thread_names[(pid, tid)] = _thread_name(tid)
+    for result in results:
+        thread_names.update({(_pid(track), tid): name for (track, tid), name in result.thread_names.items()})
     meta += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
              for (pid, tid), name in thread_names.items()]
     return {"traceEvents": meta + events, "displayTimeUnit": "ms",

@@ -51,6 +51,7 @@ class TraceContext:
     anchor: ClockAnchor
     scenario: str = ""
     loadgen_trace: Path | None = None  # LoadGen's mlperf_log_trace.json once the test has ended
+    sut: Any = None  # the SUT of the test, read after it (a generative model's token SUT keeps its clocks)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class LevelResult:
     counters: list[CounterSample] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    thread_names: dict[tuple[str, int], str] = field(default_factory=dict)  # (track, tid) -> its name in the timeline
 
 
 class Tracer:
