@@ -529,7 +529,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     ticker = Ticker(f"{runtime.model.name} {settings.scenario} {settings.mode}", progress, "samples", quiet=quiet,
                     watch=watch)
     # Tracers wrap only the test (and the SUT's workers, so they can follow them); none without --profile.
-    with profile.measuring(runtime) if profile is not None else contextlib.nullcontext(), \
+    with profile.measuring(runtime, sut) if profile is not None else contextlib.nullcontext(), \
             loadgen_handles(sut, total, perf_count, load_samples, unload_samples) as (lg_sut, qsl):
         started = time.perf_counter()
         try:
