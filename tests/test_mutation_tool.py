@@ -22,7 +22,11 @@ def test_every_module_names_existing_sources_and_tests() -> None:
     assert {"sut", "staging", "handoff", "settings", "manifests", "gate", "result_store", "launcher"} <= set(modules)
     for entry in modules.values():
         assert entry["files"] and entry["tests"]
-        assert all((REPO / p).is_file() and p.endswith(".py") for p in entry["files"] + entry["tests"])
+        assert all((REPO / p).is_file() and p.endswith(".py") for p in entry["files"])
+        for test in entry["tests"]:  # a file, or one test of it as a pytest node id
+            path, _, name = test.partition("::")
+            assert (REPO / path).is_file() and path.endswith(".py")
+            assert not name or f"def {name.split('[')[0]}(" in (REPO / path).read_text(), f"{test}: no such test"
 
 
 def test_score_counts_killed_and_timeouts_over_all_but_skipped() -> None:

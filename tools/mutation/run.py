@@ -33,7 +33,7 @@ PACKAGES = ["harness", "sut", "specs", "profiling", "scenarios", "native", "setu
 def load_modules() -> dict[str, dict[str, list[str]]]:
     modules = tomllib.loads((HERE / "modules.toml").read_text())
     for name, entry in modules.items():
-        for path in entry["files"] + entry["tests"]:
+        for path in entry["files"] + [test.split("::")[0] for test in entry["tests"]]:  # a test may be a node id
             if not (REPO / path).exists():
                 sys.exit(f"tools/mutation/modules.toml: {name}: {path} does not exist")
     return modules
@@ -57,9 +57,9 @@ def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
             if source.is_file():
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, tree / rel)
-        for rel in entry["tests"]:  # a new test file not yet added to git
+        for rel in {test.split("::")[0] for test in entry["tests"]}:  # a new test file not yet added to git
             shutil.copy2(REPO / rel, tree / rel)
-    tests = [t for t in entry["tests"] if (tree / t).is_file()]
+    tests = [t for t in entry["tests"] if (tree / t.split("::")[0]).is_file()]
     for built in (REPO / "sut").glob("_native*.so"):
         shutil.copy2(built, tree / "sut" / built.name)
     config = {
