@@ -7,10 +7,13 @@ sample's issue, hand-off, token and completion stamps, the scheduler's waits and
 batch engine's own record of its steps (`session.steps`, one list append a step), so nothing runs on the
 token path while the test is measured.
 
-When a sequence's prefill begins: where the engine records its steps, at the start of the step that made
-its first token (the engine may hold a handed-off sequence in its own queue: transformers' manager admits
-at every step by itself); otherwise at the SUT's hand-off (`admitted`), where a one-at-a-time engine starts
-at once."""
+Where the engine records its steps, a sequence's phases are on the engine's clock: its prefill runs from
+the start of the step that made its first token to that step's end, its decode from there to the end of the
+step that made its last token (a token belongs to the last step that ended before the SUT was handed it).
+The engine may hold a handed-off sequence in its own queue (transformers' manager admits at every step by
+itself), and its dispatcher hands tokens over after the step: both are harness time. Where the engine keeps
+no steps (one sequence at a time, in its own loop), the phases are the SUT's stamps: prefill from the
+hand-off (`admitted`) to the first token, decode from there to the last."""
 from __future__ import annotations
 
 import bisect
@@ -27,14 +30,16 @@ IDLE_NS = 10_000_000  # the batch-size counter drops to 0 when the engine did no
 SPLIT = ("prefill", "decode", "harness")
 HARNESS_PARTS = ("sut_queue", "engine_queue", "response")
 SPLIT_BASIS = ("each sample's time on the SUT's clock, from issue_query to QuerySamplesComplete's return; "
-               "prefill: from the engine's first step for it to its first token; decode: first token to last; "
-               "harness: the rest (sut_queue: waiting for the SUT's scheduler; engine_queue: handed to the "
-               "engine, waiting for room in its batch; response: last token to QuerySamplesComplete's return)")
+               "prefill: the engine's steps from its first for the sample to the one that made its first token; "
+               "decode: from there to the step that made its last token; harness: the rest (sut_queue: waiting "
+               "for the SUT's scheduler; engine_queue: handed to the engine, waiting for room in its batch; "
+               "response: from the engine's last token to QuerySamplesComplete's return)")
 
 
 @dataclass(frozen=True)
 class Phases:
-    """One completed sample's stamps (perf_counter_ns); `n` is its completion order."""
+    """One completed sample's times (perf_counter_ns); `n` is its completion order. `first` and `last` are
+    when the engine made the first and last token; `first_seen` when the SUT was handed the first."""
 
     n: int
     sample: int
@@ -45,6 +50,7 @@ class Phases:
     last: int
     completed: int
     tokens: int
+    first_seen: int
 
     def parts(self) -> dict[str, int]:
         return {"sample": self.completed - self.issued, "prefill": self.first - self.started,
@@ -53,25 +59,28 @@ class Phases:
                 "harness": (self.started - self.issued) + (self.completed - self.last)}
 
 
-def test_steps(steps: Sequence[tuple[int, int, int, int]] | None, since: int) -> list[tuple[int, int, int, int]]:
+def measured_steps(steps: Sequence[tuple[int, int, int, int]] | None, since: int) -> list[tuple[int, int, int, int]]:
     """The engine's steps that began once the test had issued its first query (the warm-up's are dropped)."""
     return sorted(step for step in steps or () if step[0] >= since)
 
 
 def phases(times: Sequence[Any], steps: Sequence[tuple[int, int, int, int]]) -> list[Phases]:
-    """Each sample that made tokens, with the start of its prefill (see the module's doc)."""
+    """Each sample that made tokens, its phases on the engine's steps where it keeps them (module doc)."""
     ends = [end for _, end, _, _ in steps]
+
+    def made_by(seen: int) -> int:  # the last step that ended before the SUT was handed the token, or -1
+        return bisect.bisect_right(ends, seen) - 1
+
     out = []
     for n, clock in enumerate(times):
         if not clock.tokens:
             continue
-        first = clock.tokens[0]
-        started = clock.admitted
-        made_by = bisect.bisect_right(ends, first) - 1  # the last step that ended before the first token came
-        if made_by >= 0:
-            started = max(started, steps[made_by][0])
-        out.append(Phases(n, clock.index, clock.issued, clock.admitted, started, first, clock.tokens[-1],
-                          clock.completed or clock.tokens[-1], len(clock.tokens)))
+        started, first, last = clock.admitted, clock.tokens[0], clock.tokens[-1]
+        first_step, last_step = made_by(first), made_by(last)
+        if first_step >= 0 and steps[first_step][0] >= clock.admitted:
+            started, first, last = steps[first_step][0], ends[first_step], ends[last_step]
+        out.append(Phases(n, clock.index, clock.issued, clock.admitted, started, first, last,
+                          clock.completed or clock.tokens[-1], len(clock.tokens), clock.tokens[0]))
     return out
 
 
@@ -138,7 +147,7 @@ def collect(sut: Any, level: str = "harness") -> LevelResult:
     """The token SUT's records after its test, as spans, async spans, a counter and a summary."""
     times = list(sut.times)
     first_issue = min((clock.issued for clock in times), default=0)
-    steps = test_steps(getattr(sut, "engine_steps", None), first_issue)
+    steps = measured_steps(getattr(sut, "engine_steps", None), first_issue)
     sequences = phases(times, steps)
     slots = assign_slots(sequences)
     spans: list[Span] = []
@@ -147,7 +156,9 @@ def collect(sut: Any, level: str = "harness") -> LevelResult:
         tid = FIRST_SLOT_TID + slots[seq.n]
         args = {"sample": seq.sample, "tokens": seq.tokens, "n": seq.n}
         spans.append(Span("sequence", seq.started, seq.last, tid, args, TRACK))
-        spans.append(Span("prefill", seq.started, seq.first, tid, {"sample": seq.sample}, TRACK))
+        spans.append(Span("prefill", seq.started, seq.first, tid,
+                          {"sample": seq.sample, "first_token_handed_over_us": round((seq.first_seen - seq.first) / 1e3, 3)},
+                          TRACK))
         if seq.last > seq.first:
             spans.append(Span("decode", seq.first, seq.last, tid, {"sample": seq.sample, "tokens": seq.tokens - 1}, TRACK))
         queued.append(AsyncSpan("sample", seq.issued, seq.completed, seq.n, {**args, "slot": slots[seq.n]}, TRACK))

@@ -163,9 +163,15 @@ def test_offline_continuous_batching_profile(tmp_path: Path, runtime) -> None:
     assert 1 < steps["decode_batch_size_mean"] <= steps["decode_batch_size_max"] <= 3
     step_spans = [e for e in timeline["traceEvents"] if e.get("ph") == "X" and e["name"].endswith(" step")]
     assert len(step_spans) == steps["steps"] and all(1 <= e["args"]["sequences"] <= 3 for e in step_spans)
-    # a sequence's prefill starts at the engine step that made its first token, not when it was handed over
-    starts = {e["ts"] for e in step_spans}
-    assert all(e["ts"] in starts for e in _events(timeline, "prefill"))
+    # a sequence's prefill is the engine step that made its first token (not from when it was handed over),
+    # its decode ends with the step that made its last: at most 3 sequences at a time, as in the engine
+    starts, ends = {e["ts"] for e in step_spans}, [e["ts"] + e["dur"] for e in step_spans]
+
+    def a_step_end(us: float) -> bool:  # (ts and dur are each rounded to the nanosecond)
+        return any(abs(us - end) <= 0.002 for end in ends)
+
+    assert all(e["ts"] in starts and a_step_end(e["ts"] + e["dur"]) for e in _events(timeline, "prefill"))
+    assert all(a_step_end(e["ts"] + e["dur"]) for e in _events(timeline, "decode"))
     _assert_split(summary)
     assert summary["stages"]["engine_queue"]["max_ms"] > 0  # 6 queries, 3 at a time: 3 waited in the engine
     assert _events(timeline, "loadgen_sample", "b")  # LoadGen's trace on the same timeline
