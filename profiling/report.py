@@ -74,8 +74,9 @@ def _token_lines(harness: dict[str, Any]) -> str:
     """A generative test: where the samples' time went, and the engine's batch size per step."""
     split, steps = harness["time_split"], harness.get("engine_steps", {})
     shares = ", ".join(f"{part} {_pct(split[part]['share'])}%" for part in ("prefill", "decode", "harness"))
-    lines = [f"time per sample: {shares} of {split['sample_total_ms']} ms over {split['samples']} samples "
-             f"({harness['batching']} batching, {harness['slots']} batch slot(s) used)"]
+    scheduling = "one sequence at a time" if harness["batching"] == "sequential" else \
+        f"{harness['batching']} batching, {harness['slots']} of {harness['max_batch_size']} batch slots used"
+    lines = [f"time per sample: {shares} of {split['sample_total_ms']} ms over {split['samples']} samples ({scheduling})"]
     if steps.get("decode_steps"):
         lines.append(f"decode steps: {steps['decode_steps']}, batch size mean {steps['decode_batch_size_mean']}, "
                      f"max {steps['decode_batch_size_max']} ({steps['source']})")

@@ -232,7 +232,7 @@ def test_profile_of_a_generative_run_through_the_cli(tmp_path: Path, capsys: pyt
     capsys.readouterr()
     assert run_cli("profile", "show", folder.parent) == 0
     shown = capsys.readouterr().out
-    assert "time per sample: prefill " in shown and "(continuous batching, 2 batch slot(s) used)" in shown
+    assert "time per sample: prefill " in shown and "(continuous batching, 2 of 2 batch slots used)" in shown
 
 
 def test_profiling_off_writes_no_token_timeline(tmp_path: Path) -> None:
