@@ -239,14 +239,17 @@ class TransformersBatchSession:
 
     def _record_steps(self) -> None:
         """Time each of the manager's forward steps and keep its size: one list append a step. The manager's
-        loop calls `self._generation_step()`, so the instance attribute set here is what it runs."""
+        loop calls `self._generation_step()`, so the instance attribute set here is what it runs. A transformers
+        without these (private) names runs unrecorded: the profile then has no engine steps."""
         manager, steps, clock = self._manager, self.steps, time.perf_counter_ns
-        step = manager._generation_step
+        step = getattr(manager, "_generation_step", None)
+        if step is None:
+            return
 
         def timed_step() -> None:
             start = clock()
             step()
-            batch = manager.batch_processor.inputs_and_outputs
+            batch = getattr(getattr(manager, "batch_processor", None), "inputs_and_outputs", None)
             steps.append((start, clock(), getattr(batch, "num_request_in_batch", 0), getattr(batch, "num_q_tokens", 0)))
 
         manager._generation_step = timed_step
