@@ -16,11 +16,11 @@ no steps (one sequence at a time, in its own loop), the phases are the SUT's sta
 hand-off (`admitted`) to the first token, decode from there to the last."""
 from __future__ import annotations
 
-import bisect
 import heapq
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from harness.records.token_metrics import Step, engine_clock, measured_steps
 from profiling.stats import stage_stats
 from profiling.tracer import AsyncSpan, CounterSample, LevelResult, Span
 
@@ -59,26 +59,14 @@ class Phases:
                 "harness": (self.started - self.issued) + (self.completed - self.last)}
 
 
-def measured_steps(steps: Sequence[tuple[int, int, int, int]] | None, since: int) -> list[tuple[int, int, int, int]]:
-    """The engine's steps that began once the test had issued its first query (the warm-up's are dropped)."""
-    return sorted(step for step in steps or () if step[0] >= since)
-
-
-def phases(times: Sequence[Any], steps: Sequence[tuple[int, int, int, int]]) -> list[Phases]:
+def phases(times: Sequence[Any], steps: Sequence[Step]) -> list[Phases]:
     """Each sample that made tokens, its phases on the engine's steps where it keeps them (module doc)."""
     ends = [end for _, end, _, _ in steps]
-
-    def made_by(seen: int) -> int:  # the last step that ended before the SUT was handed the token, or -1
-        return bisect.bisect_right(ends, seen) - 1
-
     out = []
     for n, clock in enumerate(times):
         if not clock.tokens:
             continue
-        started, first, last = clock.admitted, clock.tokens[0], clock.tokens[-1]
-        first_step, last_step = made_by(first), made_by(last)
-        if first_step >= 0 and steps[first_step][0] >= clock.admitted:
-            started, first, last = steps[first_step][0], ends[first_step], ends[last_step]
+        started, first, last = engine_clock(clock.admitted, clock.tokens, steps, ends)
         out.append(Phases(n, clock.index, clock.issued, clock.admitted, started, first, last,
                           clock.completed or clock.tokens[-1], len(clock.tokens), clock.tokens[0]))
     return out
@@ -122,7 +110,7 @@ def _step_name(sequences: int, prefilling: int) -> str:
     return "prefill step" if prefilling >= sequences else "prefill+decode step"
 
 
-def batch_counter(sequences: Sequence[Phases], steps: Sequence[tuple[int, int, int, int]]) -> list[CounterSample]:
+def batch_counter(sequences: Sequence[Phases], steps: Sequence[Step]) -> list[CounterSample]:
     """The batch size over the test: each engine step's sequences from its start (0 once the engine idles),
     or, for an engine that records no steps, the sequences between prefill start and last token."""
     samples = []

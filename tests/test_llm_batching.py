@@ -283,6 +283,26 @@ def test_a_samples_time_splits_into_queue_prefill_and_decode():
         in summary_lines(figures)
 
 
+def test_with_the_engines_steps_the_split_has_its_queue_and_prefill_on_its_clock():
+    """Steps (start, end) at 0-4, 12-20 and 20-30 ms; handed to the engine at 2 ms, the SUT gets its tokens at
+    21 and 31 ms: the engine queued it from 2 to 12 ms (engine_queue), prefilled it in the step that ended at
+    20 ms and made its last token in the one that ended at 30; the same sample without steps counts the
+    engine's queue as prefill, up to the SUT's stamps."""
+    from harness.records.token_metrics import measured_steps, summary_lines, sut_stage_figures
+
+    ms = 1_000_000
+    steps = measured_steps([(20 * ms, 30 * ms, 1, 1), (12 * ms, 20 * ms, 1, 9), (-5 * ms, -1, 8, 8), (0, 4 * ms, 3, 3)], 0)
+    assert [step[0] for step in steps] == [0, 12 * ms, 20 * ms]  # sorted, the warm-up's step before 0 dropped
+    sample = [(0, 2 * ms, [21 * ms, 31 * ms])]
+    figures = sut_stage_figures(sample, steps)
+    assert (figures["queue_p50_ns"], figures["engine_queue_p50_ns"], figures["prefill_p50_ns"],
+            figures["decode_p50_ns"]) == (2 * ms, 10 * ms, 8 * ms, 10 * ms)
+    assert (figures["queue_share"], figures["engine_queue_share"], figures["prefill_share"]) == (0.0667, 0.3333, 0.2667)
+    assert "engine queue 33% (p50 10.0 ms)" in summary_lines(figures)[-1]
+    plain = sut_stage_figures(sample)
+    assert "engine_queue_share" not in plain and plain["prefill_p50_ns"] == 19 * ms
+
+
 def test_a_report_shows_a_generative_runs_token_figures(tmp_path: Path):
     """The HTML report's token table: TTFT, TPOT and ITL percentiles in ms, tokens/s, goodput, the time
     split; a run without token figures has no row (and a report of such runs no table)."""

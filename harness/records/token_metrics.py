@@ -15,6 +15,7 @@ over the test's span, first issue to last token), and the limits as text (`goodp
 TPOT here is LoadGen's: the time from its first token to its last over n_tokens - 1."""
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from typing import Any, Mapping, Sequence
@@ -76,20 +77,48 @@ def sut_token_figures(samples: Sequence[tuple[int, Sequence[int]]], ttft_limit_m
     return found
 
 
-def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]]) -> dict[str, Any]:
-    """`samples`: (issued ns, admitted ns, [each token's time ns]). Where a sample's time went, on the SUT's
-    clock: `queue` (issued until the scheduler gave it to the engine: waiting for room in the batch),
-    `prefill` (given to the engine until its first token: the engine's own queue and the prompt's forward
-    steps, shared with the other sequences of the batch) and `decode` (first token to last). Each as
-    `<stage>_p50_ns`, `_p90_ns`, and the stage's share of all samples' time (`<stage>_share`)."""
-    stages: dict[str, list[int]] = {"queue": [], "prefill": [], "decode": []}
+Step = tuple[int, int, int, int]  # an engine's forward step: (start ns, end ns, sequences, query tokens)
+
+
+def measured_steps(steps: Sequence[Step] | None, since: int) -> list[Step]:
+    """The engine's steps that began once the test had issued its first query (the warm-up's are dropped)."""
+    return sorted(step for step in steps or () if step[0] >= since)
+
+
+def engine_clock(admitted: int, tokens: Sequence[int], steps: Sequence[Step], ends: Sequence[int]) -> tuple[int, int, int]:
+    """(prefill start, first token, last token) of a sample handed to the engine at `admitted` whose tokens
+    the SUT was handed at `tokens`. Where the engine records its steps (`steps` sorted, `ends` their end
+    times), they are on the engine's clock: the start of the step that made the first token (a token
+    belongs to the last step that ended before the SUT was handed it) and the ends of the steps that made
+    the first and last tokens; the engine may hold a sequence in its own queue, and its dispatcher hands
+    tokens over after the step. Otherwise (no steps, or none inside the sample) the SUT's stamps."""
+    first_step = bisect.bisect_right(ends, tokens[0]) - 1
+    if first_step >= 0 and steps[first_step][0] >= admitted:
+        return steps[first_step][0], ends[first_step], ends[bisect.bisect_right(ends, tokens[-1]) - 1]
+    return admitted, tokens[0], tokens[-1]
+
+
+def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: Sequence[Step] = ()) -> dict[str, Any]:
+    """`samples`: (issued ns, admitted ns, [each token's time ns]); `steps`: the engine's measured steps,
+    where it records them (measured_steps). Where a sample's time went, on the SUT's clock: `queue`
+    (issued until the scheduler gave it to the engine: waiting for room in the batch), `prefill` (the
+    prompt's forward steps until its first token, shared with the other sequences of the batch) and
+    `decode` (first token to last); with the engine's steps, prefill and decode are on its clock
+    (engine_clock) and `engine_queue` is the time handed to the engine before its prefill began (without
+    them that time is in prefill). Each as `<stage>_p50_ns`, `_p90_ns`, and the stage's share of all
+    samples' time (`<stage>_share`)."""
+    stages: dict[str, list[int]] = {"queue": [], "engine_queue": [], "prefill": [], "decode": []}
+    ends = [end for _, end, _, _ in steps]
     for issued, admitted, times in samples:
         if not times:
             continue
         admitted = min(max(admitted, issued), times[0])
+        started, first, last = engine_clock(admitted, times, steps, ends)
         stages["queue"].append(admitted - issued)
-        stages["prefill"].append(times[0] - admitted)
-        stages["decode"].append(times[-1] - times[0])
+        if steps:
+            stages["engine_queue"].append(started - admitted)
+        stages["prefill"].append(first - started)
+        stages["decode"].append(last - first)
     total = sum(sum(values) for values in stages.values())
     found: dict[str, Any] = {}
     for name, values in stages.items():
@@ -115,8 +144,10 @@ def summary_lines(performance: Mapping[str, Any]) -> list[str]:
                        ("completed_tokens_per_second", "completed output tokens per second")):
         if isinstance(performance.get(key), (int, float)):
             lines.append(f"  {label} : {performance[key]:.2f}")
-    shares = [f"{name} {100 * performance[f'{name}_share']:.0f}% (p50 {performance[f'{name}_p50_ns'] / 1e6:.1f} ms)"
-              for name in ("queue", "prefill", "decode") if isinstance(performance.get(f"{name}_share"), (int, float))]
+    shares = [f"{name.replace('_', ' ')} {100 * performance[f'{name}_share']:.0f}% "
+              f"(p50 {performance[f'{name}_p50_ns'] / 1e6:.1f} ms)"
+              for name in ("queue", "engine_queue", "prefill", "decode")
+              if isinstance(performance.get(f"{name}_share"), (int, float))]
     if shares:
         lines.append(f"  time per sample (SUT) : {', '.join(shares)}")
     if isinstance(performance.get("goodput_fraction"), (int, float)):

@@ -284,10 +284,11 @@ class TokenStreamingSUT(FirstFailure):
     # figures ----------------------------------------------------------------------------------------
     def token_figures(self, ttft_limit_ms: float | None = None, tpot_limit_ms: float | None = None) -> dict[str, Any]:
         """What LoadGen's token mode does not report, from this SUT's clocks (harness.records.token_metrics)."""
-        from harness.records.token_metrics import sut_stage_figures, sut_token_figures
+        from harness.records.token_metrics import measured_steps, sut_stage_figures, sut_token_figures
 
+        steps = measured_steps(self.engine_steps, min((c.issued for c in self.times), default=0))
         figures = {**sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms),
-                   **sut_stage_figures([(c.issued, c.admitted, c.tokens) for c in self.times])}
+                   **sut_stage_figures([(c.issued, c.admitted, c.tokens) for c in self.times], steps)}
         running = [size for c in self.times for size in c.batch_sizes]
         if running:  # batched: how full the batch was, seen from each token (sequences given to the engine)
             figures["batch_occupancy_mean"] = round(sum(running) / len(running), 3)
