@@ -142,8 +142,11 @@ def harness_run(backend: str, scenario: str, threads: int, prompts: int, overrid
     keys = ("valid", "result", "tokens_per_second", "completed_tokens_per_second", "samples_per_second",
             "completed_samples_per_second", "ttft_p50_ns", "ttft_p90_ns", "ttft_p99_ns", "tpot_p50_ns",
             "tpot_p90_ns", "tpot_p99_ns", "itl_p50_ns", "itl_p99_ns", "goodput_fraction", "p90_latency_ns")
+    raw = perf.get("raw") or {}  # LoadGen's summary lines: why a test is INVALID
+    checks = ("Performance constraints satisfied", "Min duration satisfied", "Min queries satisfied",
+              "Early stopping satisfied")
     return {**{key: perf.get(key) for key in keys}, "sut": record.loadgen.get("performance", {}).get("sut"),
-            "settings": record.settings.get("loadgen")}
+            "settings": record.settings.get("loadgen"), "loadgen_checks": {key: raw.get(key) for key in checks}}
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -248,7 +251,9 @@ def server_search(backend: str, threads: int, prompts: int, batch: int, batching
                            f"min_query_count={queries}", "min_duration=10000",
                            f"target_latency_percentile={percentile:g}"]}, runs)
         ok = run.get("valid") is True or run.get("result") == "VALID"
-        tried.append({"qps": round(qps, 3), "valid": ok, "ttft_p99_ns": run.get("ttft_p99_ns"),
+        tried.append({"qps": round(qps, 3), "valid": ok, "loadgen_checks": run.get("loadgen_checks"),
+                      "ttft_p90_ns": run.get("ttft_p90_ns"), "tpot_p90_ns": run.get("tpot_p90_ns"),
+                      "ttft_p99_ns": run.get("ttft_p99_ns"),
                       "tpot_p99_ns": run.get("tpot_p99_ns"), "goodput_fraction": run.get("goodput_fraction"),
                       "completed_samples_per_second": run.get("completed_samples_per_second")})
         if ok:
