@@ -40,7 +40,8 @@ def null_manifest(folder: Path, preprocess: str | None = None, postprocess: str 
 
 
 def start(results: Path, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # This tree first; what the caller had on PYTHONPATH (a mutation run's hooks, say) stays behind it.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     env.pop("MLHARNESS_DB", None)
     return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *args, "--results-dir", str(results)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

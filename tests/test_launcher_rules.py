@@ -959,3 +959,50 @@ def test_the_run_process_stops_itself(tmp_path: Path, private_tmp: Path, how: ob
     if stored:
         with ResultStore(results / "mlharness.sqlite", create=False) as store:
             assert store.get_record(outcome.record.run_id).error == why
+
+
+def test_without_an_output_file_the_run_writes_to_the_callers_own_descriptors(tmp_path: Path, private_tmp: Path,
+                                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """LocalLauncher(output=None), as the CLI runs it: the run's process inherits stdout and stderr, each
+    to its own (what user code prints to stderr must not land on stdout)."""
+    model = null_with(tmp_path / "models", "import sys\nimport numpy as np\n\ndef preprocess(sample, ctx):\n"
+                                           "    if sample == 0:\n"
+                                           "        print('from the run: out', flush=True)\n"
+                                           "        print('from the run: err', file=sys.stderr, flush=True)\n"
+                                           "    return np.array([sample], dtype=np.float32)\n")
+    req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=tmp_path / "results", timeout=60)
+    outcome = LocalLauncher(store=False).submit(req)
+    assert (outcome.kind, outcome.exit_status) == ("result", 0)
+    captured = capfd.readouterr()
+    assert "from the run: out" in captured.out and "from the run: err" not in captured.out
+    assert "from the run: err" in captured.err and "from the run: out" not in captured.err
+
+
+def test_an_unexpected_error_while_waiting_kills_the_run_and_propagates(tmp_path: Path, private_tmp: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the parent's wait loop (here its clock raising once the run is under way) must not leave
+    the run's process behind: it is killed (SIGKILL to its group) and the error goes on up."""
+    started: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    calls = {"n": 0}
+    real_monotonic = time.monotonic
+
+    def failing_clock() -> float:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first call sets the deadline; the second is inside the wait loop
+            raise RuntimeError("the clock broke")
+        return real_monotonic()
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(launcher.time, "monotonic", failing_clock)
+    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=tmp_path / "results",
+                     timeout=120)
+    with pytest.raises(RuntimeError, match="the clock broke"):
+        LocalLauncher(store=False, output=tmp_path / "out.txt")._run_child(req, tmp_path / "work")
+    monkeypatch.undo()
+    assert len(started) == 1 and started[0].returncode == -signal.SIGKILL
