@@ -79,16 +79,25 @@ def score(log: Path, decode: Callable[[np.ndarray], str], labels: Sequence[Any],
     values, and its `outputs`: token ids a sample must start with), write generations.jsonl beside it."""
     tokens = accuracy_mod.decode_accuracy_log(log, result_spec)
     texts = {index: decode(ids) for index, ids in tokens.items()}
+    _write_generations(log.with_name("generations.jsonl"), texts, tokens, labels, spec.get("metric"), {})
     scored = accuracy_mod.evaluate(texts, labels, spec, where)  # type: ignore[arg-type]
     per_sample = scored.details.get("per_sample", {})
+    if per_sample:  # again, with each sample's scores (written first so a failing metric leaves the texts)
+        _write_generations(log.with_name("generations.jsonl"), texts, tokens, labels, spec.get("metric"), per_sample)
+    return accuracy_mod.compare(scored, reference, tokens, spec["metric"])
+
+
+def _write_generations(path: Path, texts: dict[int, str], tokens: dict[int, np.ndarray], labels: Sequence[Any],
+                       metric_name: str | None, per_sample: Mapping[int, dict[str, float]]) -> None:
+    """One JSON line a sample: its label, text and token ids; the answer word for exact_match, and the
+    sample's own scores where the metric gives them."""
     lines = []
     for i in sorted(texts):
         line: dict[str, Any] = {"sample": i, "label": labels[i]}
-        if spec.get("metric") == "exact_match":
+        if metric_name == "exact_match":
             line["answer"] = answer_word(texts[i])
         line.update({"text": texts[i], "tokens": [int(t) for t in tokens[i]]})
         if i in per_sample:
             line["scores"] = per_sample[i]
         lines.append(json.dumps(line))
-    write_text(log.with_name("generations.jsonl"), "\n".join(lines) + "\n")
-    return accuracy_mod.compare(scored, reference, tokens, spec["metric"])
+    write_text(path, "\n".join(lines) + "\n")
