@@ -1,8 +1,9 @@
 """The `harness` level: per-query spans from issue to completion, queue wait and batch formation,
 from the SUT's own perf_counter_ns stamps; LoadGen's per-sample trace is added when its trace
 option (--set enable_trace=1) was on. For a generative model, the token timeline instead: prefill and
-decode per sequence, the engine's steps and batch size, the scheduler's waits (profiling.token_timeline). On a GPU backend (one with `start_device_timing`), CUDA events
-around each predict give the device's own time per batch, drawn on the device track."""
+decode per sequence, the engine's steps and batch size, the scheduler's waits (profiling.token_timeline).
+On a GPU backend (one with `start_device_timing`), CUDA events around each predict give the device's
+own time per batch, drawn on the device track."""
 from __future__ import annotations
 
 import threading

@@ -30,10 +30,15 @@ SCHEMA_VERSION = 1
 PACKAGES = ["harness", "sut", "specs", "profiling", "scenarios", "native", "setup.py", "bench"]
 
 
+def file_of_test(test: str) -> str:
+    """The file of a module's test entry: a path, or a pytest node id (path::name)."""
+    return test.split("::")[0]
+
+
 def load_modules() -> dict[str, dict[str, list[str]]]:
     modules = tomllib.loads((HERE / "modules.toml").read_text())
     for name, entry in modules.items():
-        for path in entry["files"] + [test.split("::")[0] for test in entry["tests"]]:  # a test may be a node id
+        for path in entry["files"] + [file_of_test(test) for test in entry["tests"]]:
             if not (REPO / path).exists():
                 sys.exit(f"tools/mutation/modules.toml: {name}: {path} does not exist")
     return modules
@@ -57,9 +62,9 @@ def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
             if source.is_file():
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, tree / rel)
-        for rel in {test.split("::")[0] for test in entry["tests"]}:  # a new test file not yet added to git
+        for rel in {file_of_test(test) for test in entry["tests"]}:  # a new test file not yet added to git
             shutil.copy2(REPO / rel, tree / rel)
-    tests = [t for t in entry["tests"] if (tree / t.split("::")[0]).is_file()]
+    tests = [t for t in entry["tests"] if (tree / file_of_test(t)).is_file()]
     for built in (REPO / "sut").glob("_native*.so"):
         shutil.copy2(built, tree / "sut" / built.name)
     config = {
