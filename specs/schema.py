@@ -411,7 +411,7 @@ class Identity(Doc):
 
 class Expectation(Doc):
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["tolerance"]}, {"required": ["min_fraction"]}]})
-    expected: ClassVar[str] = "a mapping {expected, tolerance}"
+    expected: ClassVar[str] = "a mapping {expected, tolerance or min_fraction}"
 
     expected_value: float = Field(alias="expected", description="a number")
     # Two rules: `tolerance`, |measured - expected| <= tolerance; or MLPerf's one-sided rule for LLM
@@ -445,7 +445,7 @@ class ReferenceDoc(ManifestDoc):
     dataset: Identity = Field(description=Identity.expected)
     backend: str = Field(min_length=1, description="a backend name")
     accuracy: dict[str, Expectation] = Field(default_factory=dict,
-                                             description="a mapping metric -> {expected, tolerance}")
+                                             description="a mapping metric -> {expected, tolerance or min_fraction}")
     performance: dict[str, Any] = Field(default_factory=dict, description="a mapping scenario -> figures")
     outputs: list[OutputCheck] = Field(default_factory=list, description="a list of {sample, values, atol}")
 

@@ -359,7 +359,7 @@ ERRORS = [
     case("reference", {"backend": ""}, "backend: expected a backend name (required field is missing)"),
     case("reference", {"model.name": ""}, "model.name: expected a manifest name (required field is missing)"),
     case("reference", {"backend": 1}, "backend: expected a backend name, got 1"),
-    case("reference", {"accuracy": [1]}, "accuracy: expected a mapping metric -> {expected, tolerance}, got [1]"),
+    case("reference", {"accuracy": [1]}, "accuracy: expected a mapping metric -> {expected, tolerance or min_fraction}, got [1]"),
     case("reference", {"accuracy": {"top1": {"expected": "high", "tolerance": 0.1}}},
          "accuracy.top1.expected: expected a number, got 'high'"),
     case("reference", {"accuracy": {"top1": {"expected": 0.7, "tolerance": [0.1]}}, "backend": 3},
