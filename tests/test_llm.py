@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import sqlite3
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,71 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
     assert re.fullmatch(r"sample \d: generate raised RuntimeError: engine blew up", str(sut.failure))
     if len(failing) == 8:
         assert sut.completed_samples == 0
+
+
+class _ThreadRecordingEngine(_FailingEngine):
+    """Never fails; records the thread of every generate call."""
+
+    def __init__(self):
+        super().__init__(set(), False)
+        self.threads: list[int] = []
+
+    def generate(self, prompt, on_token=None):
+        self.threads.append(threading.get_ident())
+        return super().generate(prompt, on_token)
+
+
+def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_runs_beside_it(tmp_path: Path):
+    """serve_on_caller (what the runner asks for): every generate call runs on the thread that runs the
+    test (the one that loaded the model: torch's OpenMP runs several times slower on another thread once
+    both have run parallel work), LoadGen's test on another thread, and every query is answered."""
+    import mlperf_loadgen as lg
+
+    from harness.running.runner import run_test_beside_caller
+    from sut.llm.runtime import PromptSet
+    from sut.llm.token_sut import TokenStreamingSUT
+    from sut.loadgen_handles import loadgen_handles
+
+    prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
+    engine = _ThreadRecordingEngine()
+    sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="SingleStream", serve_on_caller=True)
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.SingleStream
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.use_token_latencies = True
+    settings.min_duration_ms, settings.min_query_count = 0, 20
+    settings.single_stream_expected_latency_ns = 1_000_000
+    log = lg.LogSettings()
+    log.log_output.outdir = str(tmp_path)
+    loadgen_threads: list[int] = []
+
+    def start_test() -> None:
+        loadgen_threads.append(threading.get_ident())
+        lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
+
+    with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+        assert sut._thread is None  # no worker of its own
+        run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
+    assert sut.failure is None
+    assert sut.completed_samples >= 20 and len(engine.threads) == sut.completed_samples
+    assert set(engine.threads) == {threading.get_ident()}
+    assert loadgen_threads and loadgen_threads[0] != threading.get_ident()
+
+
+def test_the_test_beside_the_caller_raises_its_error_after_serving_ends():
+    from harness.running.runner import run_test_beside_caller
+
+    served, ended = [], threading.Event()
+
+    def start_test() -> None:
+        raise RuntimeError("LoadGen failed")
+
+    def serve() -> None:
+        served.append(ended.wait(10))  # returns only once end() was called
+
+    with pytest.raises(RuntimeError, match="LoadGen failed"):
+        run_test_beside_caller(start_test, serve, ended.set)
+    assert served == [True]
 
 
 def test_exact_match_scores_the_first_word_of_the_answer_against_the_label():

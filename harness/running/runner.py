@@ -5,11 +5,12 @@ import contextlib
 import os
 import shlex
 import sys
+import threading
 import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.atomic_io import write_json, write_text
 from harness.errors import RunFailed, UserError
@@ -449,6 +450,30 @@ def full_batch_service_ms(cold_start: dict[str, Any], max_batch_size: int) -> fl
     return 1000.0 * float(warmup["seconds"]) / int(warmup["queries"])
 
 
+def run_test_beside_caller(start_test: Callable[[], None], serve: Callable[[], None], end: Callable[[], None]) -> None:
+    """Run LoadGen's test (`start_test`) on a thread of its own while the calling thread serves the SUT
+    (`serve`, which returns after `end`, called when the test is over); the test's exception, if any,
+    is raised here once both are done."""
+    failure: list[BaseException] = []
+
+    def test() -> None:
+        try:
+            start_test()
+        except BaseException as exc:  # re-raised on the caller's thread
+            failure.append(exc)
+        finally:
+            end()
+
+    thread = threading.Thread(target=test, name="mlharness-loadgen", daemon=True)
+    thread.start()
+    try:
+        serve()
+    finally:
+        thread.join()
+    if failure:
+        raise failure[0]
+
+
 def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                 request: RunRequest, profile: Any = None, guard: Any = None,
                 facts: dict[str, Any] | None = None,
@@ -479,7 +504,8 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
 
         sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario,
                                 batching=options["llm_batching"], max_batch_size=options["max_batch_size"],
-                                warm_sequences=options["max_batch_size"] if options["warmup_queries"] else 0)
+                                warm_sequences=options["max_batch_size"] if options["warmup_queries"] else 0,
+                                serve_on_caller=True)
         if facts is not None:  # the token SUT takes LoadGen's Python callback
             facts.update(issue_path="python", batch_wait_ms=0.0, **sut.describe())
     else:
@@ -534,7 +560,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
         started = time.perf_counter()
         try:
             with ticker:
-                lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
+                if getattr(sut, "serve_on_caller", False):  # this thread generates, LoadGen's test runs beside it
+                    run_test_beside_caller(lambda: lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings,
+                                                                           audit), sut.serve_here, sut.end_serving)
+                else:
+                    lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
         finally:
             elapsed = time.perf_counter() - started
     if facts is not None and hasattr(sut, "token_figures"):  # inter-token latency, goodput (issue 19)

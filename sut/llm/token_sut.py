@@ -8,7 +8,11 @@ call that reads them has returned (LoadGen copies the bytes into its accuracy lo
 Scheduling (`batching`):
 - `sequential`: one worker thread, one sequence at a time through the engine's `generate` (its plain
   loop); queries wait in arrival order. SingleStream and MultiStream always run so, and so does an engine
-  without `open_batch`.
+  without `open_batch`. With `serve_on_caller` the worker is the caller's own thread (`serve_here`, while
+  LoadGen's test runs on another; harness.running.runner does so): torch's OpenMP runtime (libgomp) makes
+  every parallel region several times slower on a thread other than the one that loaded the model once
+  the two threads' pools hold more threads than there are CPUs (measured on 2 CPUs: a decode-step gemv
+  32 -> 120 us, SingleStream TPOT 31 -> 51 ms).
 - `continuous` (Offline and Server): up to `max_batch_size` sequences in the engine's running batch
   (`engine.open_batch`); whenever one finishes, the next waiting query joins at the next decode step. An
   engine whose session admits at every step by itself (`engine.batch_admits_at_every_step`, transformers'
@@ -64,12 +68,14 @@ def choose_batching(requested: str | None, scenario: str, max_batch_size: int, e
 class TokenStreamingSUT(FirstFailure):
     def __init__(self, *, backend: Any, prompts: Any, scenario: str, batching: str | None = None,
                  max_batch_size: int = 1, max_sequence_tokens: int = 0, warm_sequences: int = 0,
-                 observer: Any = None):
+                 observer: Any = None, serve_on_caller: bool = False):
         """`batching` None keeps the first slice's behaviour (one sequence at a time); `max_sequence_tokens`
         sizes a batched engine's cache (default: the longest prompt and max_new_tokens); `warm_sequences`
         generated through a batched engine in start(), before LoadGen's test (its first steps are slow);
         `observer`: an object whose `sequence(times)` is called with each completed sample's SequenceTimes
-        (a per-sample hook; the runner passes none: the profile reads `times` after the test), or None."""
+        (a per-sample hook; the runner passes none: the profile reads `times` after the test), or None;
+        `serve_on_caller`: one sequence at a time is generated on the thread that calls `serve_here` (the
+        caller runs LoadGen's test on another thread), not on a worker of this SUT's own."""
         import mlperf_loadgen as lg
 
         self._lg = lg
@@ -81,6 +87,7 @@ class TokenStreamingSUT(FirstFailure):
         self.max_sequence_tokens = max_sequence_tokens or _longest(prompts) + int(getattr(backend, "max_new_tokens", 0))
         self.warm_sequences = warm_sequences
         self.observer = observer
+        self.serve_on_caller = bool(serve_on_caller) and self.batching == "sequential"
         self.failure: BaseException | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -130,6 +137,8 @@ class TokenStreamingSUT(FirstFailure):
 
     # lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.serve_on_caller:
+            return  # the caller's thread serves (serve_here)
         if self.batching == "sequential":
             self._thread = threading.Thread(target=self._serve, name="mlharness-llm-worker", daemon=True)
         else:
@@ -141,6 +150,14 @@ class TokenStreamingSUT(FirstFailure):
             self._stopping = False
             self._thread = threading.Thread(target=self._schedule, name="mlharness-llm-scheduler", daemon=True)
         self._thread.start()
+
+    def serve_here(self) -> None:
+        """Generate on the calling thread until `end_serving` (serve_on_caller)."""
+        self._serve()
+
+    def end_serving(self) -> None:
+        """The test is over: `serve_here` returns once the queries before this are answered."""
+        self._queue.put(None)
 
     def stop(self) -> None:
         if self._thread is None:
