@@ -125,7 +125,9 @@ def harness_run(model_name: str, scenario: str, overrides: list[str], results_di
                                 results_dir=Path(results_dir or scratch), use_tuned=results_dir is not None,
                                 quiet=True, command="bench/model_efficiency.py"))
     summary = record.performance
-    return {"valid": summary.get("valid"), "samples_per_second": summary.get("samples_per_second"),
+    return {"valid": summary.get("valid"),
+            # Server's summary has the completed rate only
+            "samples_per_second": summary.get("samples_per_second") or summary.get("completed_samples_per_second"),
             "p90_latency_ns": summary.get("p90_latency_ns"), "p50_latency_ns": summary.get("p50_latency_ns"),
             "p99_latency_ns": summary.get("p99_latency_ns"), "result": summary.get("result"),
             "target_latency_ms": (record.settings.get("loadgen") or {}).get("target_latency"),
@@ -162,7 +164,8 @@ def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     label = (f"raw batch={spec['batch']} threads={spec['threads'] or 'default'}" if spec["kind"] == "raw"
              else f"mlharness {spec['scenario']} {' '.join(spec['overrides'])}")
     figure = (f"p90 {run['p90_latency_ns'] / 1e6:.2f} ms" if spec.get("latencies") or spec.get("scenario") == "SingleStream"
-              else f"{run['samples_per_second']:.2f} samples/s")
+              else f"{run.get('result')} p99 {(run.get('p99_latency_ns') or 0) / 1e6:.1f} ms {run['samples_per_second'] or 0:.2f}/s"
+              if spec.get("scenario") == "Server" else f"{run['samples_per_second']:.2f} samples/s")
     print(f"  {spec['model']:15s} {label:70s} {figure:>20s}  rss={run['peak_rss_bytes'] / 2**20:.0f} MiB "
           f"load={os.getloadavg()[0]:.1f}", flush=True)
     return run
