@@ -28,6 +28,7 @@ machine other work only slows a run down. Printed, and written to bench/out/mode
     .venv/bin/python bench/model_efficiency.py --tuned --models resnet50-light mobilenet-v2 light_densenet121 \
         light_inception_v2 light_squeezenet light_shufflenet
     .venv/bin/python bench/model_efficiency.py --server-only --models resnet50-light [--server-seconds 30]
+        [--server-set workers=2 intra_op_threads=1]
 """
 from __future__ import annotations
 
@@ -274,16 +275,18 @@ def offline_rate(model: str, seconds: float, repeats: int, runs: list[dict[str, 
 
 
 def server_figures(model: str, offline_sps: float, seconds: float, runs: list[dict[str, Any]], steps: int = 3,
-                   tuned_dir: Path | None = None) -> dict[str, Any]:
+                   tuned_dir: Path | None = None, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """The highest VALID Server QPS at the model's own latency bound (its manifest's Server target_latency),
     against `offline_sps` (its Offline samples/s at the same defaults): start at half the Offline rate,
     x1.25 while VALID, then `steps` bisections between the last VALID and the first INVALID rate. Each
-    point is one Server run of `seconds` (min_query_count 1: LoadGen's p99 early stopping decides)."""
+    point is one Server run of `seconds` (min_query_count 1: LoadGen's p99 early stopping decides), with the
+    settings `extra` (KEY=VALUE, as --set) on top."""
     tried: list[dict[str, Any]] = []
 
     def valid_at(qps: float) -> bool:
         spec = {"kind": "harness", "model": model, "scenario": "Server", "round": len(tried),
-                "overrides": [f"target_qps={qps:.3f}", f"min_duration={int(seconds * 1000)}", "min_query_count=1"]}
+                "overrides": [f"target_qps={qps:.3f}", f"min_duration={int(seconds * 1000)}", "min_query_count=1",
+                              *extra]}
         if tuned_dir is not None:
             spec["results_dir"] = str(tuned_dir)
         run = measure(spec, runs)
@@ -298,7 +301,8 @@ def server_figures(model: str, offline_sps: float, seconds: float, runs: list[di
                   and r.get("target_latency_ms") is not None), None)
     return {"server_max_valid_qps": round(low, 3) if low else None, "server_first_invalid_qps": high and round(high, 3),
             "server_latency_bound_ms": bound, "server_offline_sps": offline_sps,
-            "server_vs_offline": round(low / offline_sps, 4) if low else 0.0, "server_search": tried}
+            "server_vs_offline": round(low / offline_sps, 4) if low else 0.0, "server_settings": list(extra),
+            "server_search": tried}
 
 
 def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None:
@@ -346,6 +350,8 @@ def main() -> None:
                         help="only the Server search (its Offline rate from --repeats mlharness Offline runs)")
     parser.add_argument("--server-seconds", type=float, default=30.0, help="length of each Server run of the search")
     parser.add_argument("--server-steps", type=int, default=3, help="bisections after the first INVALID rate")
+    parser.add_argument("--server-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="settings for the Server runs only, as --set (e.g. workers=2 intra_op_threads=1)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.child:
@@ -379,7 +385,8 @@ def main() -> None:
         if args.server or args.server_only:
             offline = found.get("mlharness_offline_tuned_sps" if tuned_dir else "mlharness_offline_sps") or \
                 offline_rate(model, args.seconds, args.repeats, runs, tuned_dir)
-            found.update(server_figures(model, offline, args.server_seconds, runs, args.server_steps, tuned_dir))
+            found.update(server_figures(model, offline, args.server_seconds, runs, args.server_steps, tuned_dir,
+                                        tuple(args.server_set)))
         models[name] = found
 
     main_model = models.get("resnet50-light") or next(iter(models.values()), {})
@@ -417,7 +424,8 @@ def main() -> None:
         if "server_vs_offline" in found:
             print(f"\n{name}: Server max VALID {found['server_max_valid_qps']} QPS at p99 <= "
                   f"{found['server_latency_bound_ms']} ms (first INVALID {found['server_first_invalid_qps']}) vs Offline "
-                  f"{found['server_offline_sps']:.2f} samples/s: {found['server_vs_offline']:.3f}")
+                  f"{found['server_offline_sps']:.2f} samples/s: {found['server_vs_offline']:.3f}"
+                  + (f" (Server with {' '.join(found['server_settings'])})" if found["server_settings"] else ""))
         if "mlharness_offline_sps" not in found:
             continue
         print(f"\n{name}: mlharness Offline {found['mlharness_offline_sps']:.2f} samples/s vs raw "
