@@ -864,7 +864,10 @@ def test_the_run_process_dies_with_its_parent() -> None:
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == signal.SIGHUP
     # The parent died before the request took effect (its pid is no longer our parent's): SIGHUP now.
-    code = "from harness.running import launcher\nlauncher._PARENT_PID = -1\nlauncher._die_with_parent()\nprint('alive')\n"
+    # The run's child installs its SIGHUP handler first (_watch_signals); the default stands in for it here, not
+    # what this process inherited (under nohup SIGHUP is ignored, and the child would live on).
+    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom harness.running import launcher\n"
+            "launcher._PARENT_PID = -1\nlauncher._die_with_parent()\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGHUP and "alive" not in done.stdout
 
