@@ -172,6 +172,16 @@ def measure(spec: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     return run
 
 
+def harness_spec(model: str, scenario: str, round_number: int, overrides: list[str],
+                 tuned_dir: Path | None = None) -> dict[str, Any]:
+    """A measured mlharness run: at the model's tuned defaults (the bench's database in `tuned_dir`), else
+    at its manifest's."""
+    spec = {"kind": "harness", "model": model, "scenario": scenario, "round": round_number, "overrides": overrides}
+    if tuned_dir is not None:
+        spec["results_dir"] = str(tuned_dir)
+    return spec
+
+
 def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     """`mlharness tune MODEL --scenario Offline` into the bench's results folder (its database keeps the
     tuned configuration that the tuned runs start from); returns what it stored."""
@@ -221,14 +231,11 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
             keep(best, key, measure({**spec, "round": round_number}, runs))
         # LoadGen's Offline query is sized from target_qps: the raw rate makes it last about `seconds`.
         rate = best["raw_same_config"]["samples_per_second"]
-        keep(best, "mlharness_offline", measure(
-            {"kind": "harness", "model": model, "scenario": "Offline", "round": round_number,
-             "overrides": [f"target_qps={rate:.3f}", f"min_duration={duration_ms}", "min_query_count=1"]}, runs))
+        overrides = [f"target_qps={rate:.3f}", f"min_duration={duration_ms}", "min_query_count=1"]
+        keep(best, "mlharness_offline", measure(harness_spec(model, "Offline", round_number, overrides), runs))
         if tuned_dir is not None:
-            keep(best, "mlharness_offline_tuned", measure(
-                {"kind": "harness", "model": model, "scenario": "Offline", "round": round_number,
-                 "results_dir": str(tuned_dir),
-                 "overrides": [f"target_qps={rate:.3f}", f"min_duration={duration_ms}", "min_query_count=1"]}, runs))
+            keep(best, "mlharness_offline_tuned",
+                 measure(harness_spec(model, "Offline", round_number, overrides, tuned_dir), runs))
 
     grid = {key: best[key]["samples_per_second"] for key in specs if key.startswith("b")}
     best_key = max(grid, key=grid.get)
@@ -265,12 +272,10 @@ def offline_rate(model: str, seconds: float, repeats: int, runs: list[dict[str, 
     runs of about `seconds`: the first sized by the manifest's target_qps, the rest by the rate measured."""
     best = 0.0
     for round_number in range(max(1, repeats)):
-        overrides = [f"min_duration={int(seconds * 1000)}", "min_query_count=1"]
-        spec = {"kind": "harness", "model": model, "scenario": "Offline", "round": round_number,
-                "overrides": overrides + ([f"target_qps={best:.3f}"] if best else [])}
-        if tuned_dir is not None:
-            spec["results_dir"] = str(tuned_dir)
-        best = max(best, measure(spec, runs)["samples_per_second"] or 0.0)
+        overrides = [f"min_duration={int(seconds * 1000)}", "min_query_count=1"] + \
+            ([f"target_qps={best:.3f}"] if best else [])
+        best = max(best, measure(harness_spec(model, "Offline", round_number, overrides, tuned_dir),
+                                 runs)["samples_per_second"] or 0.0)
     return best
 
 
@@ -284,21 +289,17 @@ def server_figures(model: str, offline_sps: float, seconds: float, runs: list[di
     tried: list[dict[str, Any]] = []
 
     def valid_at(qps: float) -> bool:
-        spec = {"kind": "harness", "model": model, "scenario": "Server", "round": len(tried),
-                "overrides": [f"target_qps={qps:.3f}", f"min_duration={int(seconds * 1000)}", "min_query_count=1",
-                              *extra]}
-        if tuned_dir is not None:
-            spec["results_dir"] = str(tuned_dir)
-        run = measure(spec, runs)
+        overrides = [f"target_qps={qps:.3f}", f"min_duration={int(seconds * 1000)}", "min_query_count=1", *extra]
+        run = measure(harness_spec(model, "Server", len(tried), overrides, tuned_dir), runs)
         tried.append({"target_qps": round(qps, 3), "valid": bool(run["valid"]), "result": run.get("result"),
+                      "target_latency_ms": run.get("target_latency_ms"),
                       "p99_latency_ms": (run.get("p99_latency_ns") or 0) / 1e6,
                       "achieved_qps": run.get("samples_per_second"), "load_average": os.getloadavg()[0]})
         return bool(run["valid"])
 
     low, high = highest_passing_rate(valid_at, offline_sps / 2, factor=1.25, cap=1.5 * offline_sps,
                                      lower=(offline_sps / 4, offline_sps / 8), bisections=steps)
-    bound = next((r["target_latency_ms"] for r in runs[::-1] if r.get("model") == model and r.get("scenario") == "Server"
-                  and r.get("target_latency_ms") is not None), None)
+    bound = tried[-1]["target_latency_ms"] if tried else None  # the bound every point ran under
     return {"server_max_valid_qps": round(low, 3) if low else None, "server_first_invalid_qps": high and round(high, 3),
             "server_latency_bound_ms": bound, "server_offline_sps": offline_sps,
             "server_vs_offline": round(low / offline_sps, 4) if low else 0.0, "server_settings": list(extra),
