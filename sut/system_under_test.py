@@ -1,5 +1,7 @@
 """The SUT LoadGen drives. SingleStream runs each query inline in LoadGen's issue thread; Offline,
-Server and MultiStream go through a batching queue served by worker threads. Queries complete
+Server and MultiStream go through a batching queue served by worker threads; a query of several
+batches (Offline) is cut into runs of consecutive staged rows where it can be, which are fed as
+views of the staged arrays, and other batches are gathered into a per-worker buffer. Queries complete
 with responses that point into the batch's result buffer (see sut.handoff). Each batch's result is
 checked against the manifest's declared result (ResultContract) before LoadGen sees it.
 
@@ -70,6 +72,20 @@ class ResultContract:
                 return
         raise SampleError(sample_indices, "postprocess", f"returned result {self.spec.name!r} as {got_text(result)}; "
                                                          f"the manifest declares {declared_text(self.spec, 'row')}")
+
+
+def rows_in_runs(rows: np.ndarray) -> np.ndarray:
+    """An order of `rows` (staged row numbers, repeats allowed) that walks the rows upwards once per
+    round: every row's first occurrence in row order, then every second occurrence, and so on. Cut
+    into batches, a round with no missing rows gives runs of consecutive rows, which the worker feeds
+    as views of the staged arrays (no gather). The plain loop a user compares against feeds such
+    slices; LoadGen's Offline order is random, and any order is allowed there."""
+    rows = np.asarray(rows, dtype=np.int64)
+    by_row = np.argsort(rows, kind="stable")
+    sorted_rows = rows[by_row]
+    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+    occurrence = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
+    return by_row[np.lexsort((sorted_rows, occurrence))]
 
 
 class FirstFailure:
@@ -146,8 +162,20 @@ class SystemUnderTest(FirstFailure):
             self._run_batch(len(self._batch_buffers) - 1, query_ids, sample_indices, issued)
         else:
             step = self.max_batch_size
+            if len(query_ids) > step:  # a query of several batches (Offline): batches of consecutive rows
+                query_ids, sample_indices = self._in_row_runs(query_ids, sample_indices)
             for start in range(0, len(query_ids), step):
                 self._queue.put((query_ids[start:start + step], sample_indices[start:start + step], issued))
+
+    def _in_row_runs(self, query_ids: list[int], sample_indices: list[int]) -> tuple[list[int], list[int]]:
+        """The query's samples reordered so that its batches are runs of consecutive staged rows where
+        the counts allow (see rows_in_runs); as given when a sample is not staged (the worker reports it)."""
+        try:
+            rows = self.staged.rows(sample_indices)
+        except Exception:
+            return query_ids, sample_indices
+        order = rows_in_runs(rows).tolist()
+        return [query_ids[i] for i in order], [sample_indices[i] for i in order]
 
     def flush_queries(self) -> None:
         """Nothing is held back: workers take whatever is queued, so there is nothing to flush."""
@@ -216,9 +244,9 @@ class SystemUnderTest(FirstFailure):
 
     def _inputs_for(self, worker: int, rows: np.ndarray) -> dict[str, np.ndarray]:
         arrays = self.staged.arrays
-        if len(rows) == 1:
-            row = int(rows[0])
-            return {name: staged[row:row + 1] for name, staged in arrays.items()}  # a view, no copy
+        first, count = int(rows[0]), len(rows)
+        if count == 1 or (int(rows[-1]) - first == count - 1 and bool((np.diff(rows) == 1).all())):
+            return {name: staged[first:first + count] for name, staged in arrays.items()}  # a view, no copy
         buffers = self._batch_buffers[worker]
         feed = {}
         for name, staged in arrays.items():

@@ -276,8 +276,9 @@ def _assert_routed(handoff: _RecordingHandoff, sample_of: dict[int, int]) -> Non
 
 def test_the_worker_merges_waiting_queries_and_puts_the_overflow_back() -> None:
     """max_batch_size 4, one worker, the queue filled before it starts: a partial query of 3, then a
-    query of 6 that issue_query splits into 4 + 2. The worker merges 3 + 4 into a batch of 4 and puts
-    the 3 left over back at the end; then 2 + those 3 give a batch of 4 and 1 goes back again."""
+    query of 6 that issue_query splits into 4 + 2, in staged-row order (rows are reversed here, so
+    samples 15, 14, 13, 12 then 11, 10). The worker merges 3 + 4 into a batch of 4 and puts the 3 left
+    over back at the end; then 2 + those 3 give a batch of 4 and 1 goes back again."""
     sut, handoff, received = _direct_sut(max_batch_size=4, workers=1)
     sut.issue_query([100, 101, 102], [5, 6, 7])
     sut.issue_query([200, 201, 202, 203, 204, 205], [10, 11, 12, 13, 14, 15])
@@ -287,7 +288,7 @@ def test_the_worker_merges_waiting_queries_and_puts_the_overflow_back() -> None:
     finally:
         sut.stop()
     assert sut.failure is None
-    assert received == [[5, 6, 7, 10], [14, 15, 11, 12], [13]]
+    assert received == [[5, 6, 7, 15], [11, 10, 14, 13], [12]]
     _assert_routed(handoff, {100: 5, 101: 6, 102: 7, 200: 10, 201: 11, 202: 12, 203: 13, 204: 14, 205: 15})
 
 

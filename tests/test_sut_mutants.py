@@ -24,7 +24,7 @@ from sut.backends.null_backend import NullBackend
 from sut.handoff import load_handoff
 from sut.processing import ProcessingContext
 from sut.staging import SampleError, StagedSamples
-from sut.system_under_test import BatchTimes, ResultContract, SystemUnderTest
+from sut.system_under_test import BatchTimes, ResultContract, SystemUnderTest, rows_in_runs
 from tests.support import REPO, write_manifest
 
 MODEL = REPO / "specs" / "models" / "null-routed.yaml"
@@ -341,18 +341,78 @@ def test_without_a_result_spec_the_result_is_not_checked(tmp_path: Path) -> None
     assert "float64 with shape (4, 1)" in str(checked.failure)
 
 
-def test_a_gathered_batch_reuses_one_buffer_and_a_batch_of_one_is_a_view(tmp_path: Path) -> None:
-    """The timed path allocates nothing per batch: every batch a worker gathers lands in the same
-    buffer (allocated once, max_batch_size rows), and a batch of one is a view of the staged row."""
+def test_a_gathered_batch_reuses_one_buffer_and_a_batch_of_one_is_a_view() -> None:
+    """The timed path allocates nothing per batch: every batch of rows that are not consecutive lands
+    in the same buffer (allocated once, max_batch_size rows), and a batch of one is a view of the
+    staged row."""
     _, backend, staged, ctx = _parts(count=13)
-    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1)
-    _loadgen(sut, staged, "Offline", tmp_path)
-    sizes = sorted(len(x) for _, x in backend.got)
-    assert sizes == [1, 4, 4, 4]
+    staged.load_samples(list(range(13)))
+    sut, handoff = _direct(staged, backend, ctx, max_batch_size=4)
+    for qids, samples in (([0, 1, 2, 3], [0, 2, 4, 6]), ([4, 5, 6, 7], [1, 3, 5, 7]),
+                          ([8, 9, 10, 11], [8, 10, 9, 11]), ([12], [12])):  # 8..11: its ends are 3 apart
+        sut.issue_query(qids, samples)  # each a batch of its own: none is longer than max_batch_size
+    sut.start()
+    try:
+        handoff.wait_for(13)
+    finally:
+        sut.stop()
+    assert sut.failure is None
+    assert backend.batches() == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 9, 11], [12]]
     gathered = [x for _, x in backend.got if len(x) == 4]
     assert len({x.__array_interface__["data"][0] for x in gathered}) == 1, "one buffer for every gathered batch"
+    assert not any(np.shares_memory(x, staged.arrays["x"]) for x in gathered)
     (single,) = [x for _, x in backend.got if len(x) == 1]
-    assert not any(np.shares_memory(single, x) for x in gathered)
+    assert np.shares_memory(single, staged.arrays["x"][12])
+    assert handoff.completed == {q: [s] for q, s in zip(range(13), [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 9, 11, 12])}
+
+
+def test_an_offline_query_is_served_in_batches_of_consecutive_rows_fed_as_views(tmp_path: Path) -> None:
+    """Real LoadGen, Offline: the 13 samples, loaded in a shuffled order, come back as batches of
+    consecutive staged rows (4, 4, 4 and 1), each a view of the staged array (no gather), and every
+    response is its own sample's."""
+    _, backend, staged, ctx = _parts(count=13)
+    shuffled = [7, 2, 11, 0, 5, 9, 12, 3, 1, 8, 10, 4, 6]
+    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1)
+    loaded: list[np.ndarray] = []
+
+    def load(indices: list[int]) -> None:
+        staged.load_samples(shuffled)
+        loaded.append(staged.arrays["x"])  # LoadGen unloads it at the end
+
+    responses = _loadgen(sut, staged, "Offline", tmp_path, load=load)
+    assert sut.failure is None
+    assert [len(batch) for batch in backend.batches()] == [4, 4, 4, 1]
+    assert backend.batches() == [shuffled[0:4], shuffled[4:8], shuffled[8:12], shuffled[12:]]
+    assert all(np.shares_memory(x, loaded[0]) for _, x in backend.got)
+    assert {sample: _answered(data) for sample, data in responses.items()} == {i: i for i in range(13)}
+
+
+def test_a_query_with_repeated_samples_walks_the_rows_once_per_round() -> None:
+    """Offline's query repeats samples: rows_in_runs orders them as rounds over the rows (every row's
+    first occurrence in row order, then the second ones, ...), a permutation of the query; the SUT
+    feeds the batches of a full round as views and gathers the others, and each query id still gets
+    its own sample's answer."""
+    rows = np.array([3, 1, 1, 0, 2, 3, 3, 0])
+    order = rows_in_runs(rows)
+    assert sorted(order.tolist()) == list(range(len(rows)))
+    assert rows[order].tolist() == [0, 1, 2, 3, 0, 1, 3, 3]
+    assert order.tolist()[:2] == [3, 1], "a repeated row keeps its occurrences in query order"
+
+    _, backend, staged, ctx = _parts(count=8)
+    staged.load_samples(list(range(8)))
+    sut, handoff = _direct(staged, backend, ctx, max_batch_size=4)
+    samples = [5, 0, 6, 1, 3, 7, 2, 4, 6, 1, 0, 2, 6]  # rounds: 0-7 (all), then 0, 1, 2, 6, then 6
+    sut.issue_query(list(range(100, 113)), samples)
+    sut.start()
+    try:
+        handoff.wait_for(13)
+    finally:
+        sut.stop()
+    assert sut.failure is None
+    assert backend.batches() == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 6], [6]]
+    views = [np.shares_memory(x, staged.arrays["x"]) for _, x in backend.got]
+    assert views == [True, True, False, True]
+    assert handoff.completed == {100 + i: [s] for i, s in enumerate(samples)}
 
 
 # ---- the contract --------------------------------------------------------------------------------
