@@ -97,8 +97,31 @@ def test_failed_candidates_are_recorded_and_the_start_must_work() -> None:
     with pytest.raises(UserError, match="tune: the starting configuration failed: run failed: this configuration"):
         tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 8}, "null", 1,
                           _objective("samples_per_second", lambda s: None, []), say=lambda _: None)
-    with pytest.raises(UserError, match="--scenario Server: tune searches Offline, SingleStream, MultiStream"):
-        tuning.run_search(RunRequest(model="m", scenario="Server"), {}, "null", 1, lambda r: None)
+
+
+def test_server_is_searched_on_the_p99_at_the_runs_own_rate() -> None:
+    """Server: batch size and workers are searched like Offline's, the objective is the p99 latency
+    (lower), and the trials keep the rate the user set (no target_qps of the search's own)."""
+    calls: list[dict] = []
+    seen_rates: list[list[str]] = []
+
+    def p99(settings: dict) -> float:  # batch 4 and two workers have the shortest tail
+        return {1: 900.0, 2: 400.0, 4: 300.0, 8: 320.0, 16: 350.0}[int(settings["max_batch_size"])] * 1e6 / \
+            (1.5 if settings["workers"] == "2" else 1.0)
+
+    objective = _objective("p99_latency_ns", p99, calls)
+
+    def run_trial(request: RunRequest) -> _Record:
+        seen_rates.append([item for item in request.overrides if item.startswith("target_qps")])
+        return objective(request)
+
+    base = RunRequest(model="m", scenario="Server", overrides=["target_qps=30"])
+    start = {"intra_op_threads": 0, "max_batch_size": 1, "workers": 1}
+    search = tuning.run_search(base, start, "null", 2, run_trial, say=lambda _: None)
+    assert search.figure == "server.p99_latency_ns" and not search.higher_is_better
+    assert search.best.settings == {"intra_op_threads": 0, "max_batch_size": 4, "workers": 2}
+    assert [int(c["max_batch_size"]) for c in calls if c["workers"] == "1" and c["intra_op_threads"] == "0"] == [1, 2, 4, 8, 16]
+    assert all(rates == ["target_qps=30"] for rates in seen_rates)
 
 
 def _slow_model(folder: Path) -> Path:
@@ -170,6 +193,29 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
                    "--results-dir", results) == 0
     assert (f"note: slow-batches is untuned for SingleStream on this system ({record['system_name']}); `mlharness "
             f"tune slow-batches --scenario SingleStream`") in capfd.readouterr().err
+
+
+def test_server_tuning_is_stored_and_used_by_later_server_runs(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The 100 ms-a-batch model at 15 QPS: batches of one answer 10 a second, so the queue and the
+    p99 grow through the trial; any larger batch keeps up. Tuning Server stores a batch size above 1
+    under the Server key, and a later Server run starts from it."""
+    model = _slow_model(tmp_path / "models")
+    results = tmp_path / "results"
+    rate = ("--set", "target_qps=15", "--set", "target_latency=2000", "--set", "min_query_count=32")
+    assert run_cli("tune", model, "--scenario", "Server", "--trial-seconds", "1", "--repeats", "1",
+                   "--results-dir", results, *rate) == 0
+    assert "server.p99_latency_ns" in capfd.readouterr().out
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        (stored,) = store.list_tuned()
+    assert stored["scenario"] == "Server" and stored["figure_name"] == "server.p99_latency_ns"
+    assert stored["settings"]["max_batch_size"] > 1
+    trials = json.loads(stored["trials_json"])
+    assert trials[0]["settings"]["max_batch_size"] == 1 and stored["figure_value"] < trials[0]["value"]
+
+    assert run_cli("run", model, "--scenario", "Server", "--quick", "--results-dir", results, *rate) == 0
+    record = newest_run(results, "slow-batches", "Server")
+    assert record["settings"]["origin"]["max_batch_size"] == "tuned"
+    assert record["settings"]["harness"]["max_batch_size"] == stored["settings"]["max_batch_size"]
 
 
 def test_tune_refuses_bad_input_in_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from harness.tables import format_table
 
 # The trial runs' length: short, but long enough for a stable figure (--set overrides either).
 TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query_count=64",),
-                  "MultiStream": ("min_query_count=16",)}
+                  "MultiStream": ("min_query_count=16",), "Server": ("min_query_count=64",)}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -41,7 +41,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tune", help="search batch size, threads and session options; later runs use the best")
     parser.add_argument("model", help="model manifest name or path")
-    parser.add_argument("--scenario", required=True, choices=("Offline", "SingleStream", "MultiStream"))
+    parser.add_argument("--scenario", required=True, choices=("Offline", "SingleStream", "MultiStream", "Server"),
+                        help="Server: the p99 latency at the run's target_qps is minimised; set the rate you "
+                             "mean to run at (--set target_qps=QPS)")
     parser.add_argument("--trial-seconds", type=float, default=3.0, metavar="SECONDS",
                         help="min_duration of each trial run (default 3)")
     parser.add_argument("--repeats", type=int, default=2,

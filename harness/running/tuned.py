@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.errors import UserError
 
-TUNABLE_SCENARIOS = ("Offline", "SingleStream", "MultiStream")
+TUNABLE_SCENARIOS = ("Offline", "SingleStream", "MultiStream", "Server")
 FRAMEWORK_PACKAGE = {"onnxruntime": "onnxruntime", "torch": "torch"}
 
 
