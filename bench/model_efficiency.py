@@ -1,5 +1,7 @@
 """How much of a real model's speed mlharness keeps: resnet50-light (and mobilenet-v2 when it can be
-built here) on ONNX Runtime, mlharness against a plain `session.run` loop on the same graph and data.
+built here) on ONNX Runtime, mlharness against a plain `session.run` loop on the same graph and data;
+with --backend torch, the shipped torch models against a plain call of the same module under
+inference_mode (threads as torch.set_num_threads).
 
 - offline_ratio: mlharness Offline samples/s with its defaults (no tuning flags) over the raw loop at
   the same batch size and threads.
@@ -27,6 +29,7 @@ machine other work only slows a run down. Printed, and written to bench/out/mode
     .venv/bin/python bench/model_efficiency.py [--seconds 10] [--repeats 3] [--models resnet50-light mobilenet-v2]
     .venv/bin/python bench/model_efficiency.py --tuned --models resnet50-light mobilenet-v2 light_densenet121 \
         light_inception_v2 light_squeezenet light_shufflenet
+    .venv/bin/python bench/model_efficiency.py --tuned --backend torch --models mobilenet-v2 minilm-l6
     .venv/bin/python bench/model_efficiency.py --server-only --models resnet50-light [--server-seconds 30]
         [--server-set workers=2 intra_op_threads=1]
 """
@@ -50,7 +53,8 @@ from qps_search import highest_passing_rate
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "model_efficiency.json"
 BATCH_SIZES = (1, 2, 4, 8)
-DEFAULT_THREADS = 0  # what the harness passes by default: ONNX Runtime chooses
+DEFAULT_THREADS = 0  # what the harness passes by default: the framework chooses
+BACKEND = "onnxruntime"  # --backend: the parent's choice, carried to each child in its spec
 
 
 def thread_counts() -> tuple[int, ...]:
@@ -63,37 +67,33 @@ WARMUP_RUNS = 3
 
 # ------------------------------------------------------------------------------ children
 
-def _runtime(model_name: str, batch: int, threads: int) -> Any:
+def _runtime(model_name: str, batch: int, threads: int, backend: str = "onnxruntime") -> Any:
     from harness.running.runner import select_model
     from specs.index import default_index
     from sut.runtime import build_runtime
 
     index = default_index()
-    model = select_model(index, model_name, "onnxruntime")
+    model = select_model(index, model_name, backend)
     dataset = index.find("dataset", model.default_dataset)
     options = {"max_batch_size": batch, "workers": 1, "intra_op_threads": threads}
-    return build_runtime(model, dataset, index.find("hardware", "cpu"), "onnxruntime", options)
+    return build_runtime(model, dataset, index.find("hardware", "cpu"), backend, options)
 
 
-def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencies: bool) -> dict[str, Any]:
-    """A plain loop: the harness's graph and preprocessed samples, our own session, nothing else."""
+def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencies: bool,
+             backend: str = "onnxruntime") -> dict[str, Any]:
+    """A plain loop: the harness's graph (or torch module) and preprocessed samples, our own session
+    (or the module called under inference_mode), nothing else."""
     import numpy as np
-    import onnxruntime as ort
 
-    runtime = _runtime(model_name, batch, threads)
-    graph = runtime.backend.graph_path
-    runtime.backend.close()
+    runtime = _runtime(model_name, batch, threads, backend)
     count = min(len(runtime.staged), int(runtime.model.attributes.get("performance_sample_count", 64)))
     runtime.staged.load_samples(list(range(count)))
     arrays = runtime.staged.arrays
     batches = [{name: np.ascontiguousarray(a[start:start + batch]) for name, a in arrays.items()}
                for start in range(0, count - batch + 1, batch)]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    outputs = [o.name for o in runtime.model.outputs]
+    call = _plain_call(runtime, threads) if backend == "torch" else _plain_session(runtime, threads)
     for feed in batches[:WARMUP_RUNS]:
-        session.run(outputs, feed)
+        call(feed)
 
     samples, times = 0, []
     started = time.perf_counter_ns()
@@ -102,7 +102,7 @@ def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencie
     i = 0
     while now < deadline:
         feed = batches[i % len(batches)]
-        session.run(outputs, feed)
+        call(feed)
         end = time.perf_counter_ns()
         times.append(end - now)
         samples += batch
@@ -116,13 +116,44 @@ def raw_loop(model_name: str, batch: int, threads: int, seconds: float, latencie
     return result
 
 
-def harness_run(model_name: str, scenario: str, overrides: list[str], results_dir: str | None = None) -> dict[str, Any]:
+def _plain_session(runtime: Any, threads: int) -> Any:
+    """session.run on the harness's graph in a session of our own (threads 0: ONNX Runtime chooses)."""
+    import onnxruntime as ort
+
+    graph = runtime.backend.graph_path
+    runtime.backend.close()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in runtime.model.outputs]
+    return lambda feed: session.run(outputs, feed)
+
+
+def _plain_call(runtime: Any, threads: int) -> Any:
+    """The harness's torch module called on this thread under inference_mode, on tensors that share
+    the arrays' memory (threads 0: torch's own count)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    module, names = runtime.backend.module, [spec.name for spec in runtime.model.inputs]
+    keyword = bool(runtime.model.attributes.get("keyword_inputs", False))
+
+    def call(feed: dict[str, Any]) -> Any:
+        tensors = [torch.from_numpy(feed[name]) for name in names]
+        with torch.inference_mode():
+            return module(**dict(zip(names, tensors))) if keyword else module(*tensors)
+    return call
+
+
+def harness_run(model_name: str, scenario: str, overrides: list[str], results_dir: str | None = None,
+                backend: str = "onnxruntime") -> dict[str, Any]:
     """One mlharness run; with `results_dir` (the bench's tuned database) it starts from the tuned
     configuration stored there, else from the manifest's defaults (a fresh folder, --no-tuned)."""
     from harness import RunRequest, run
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
-        record = run(RunRequest(model=model_name, scenario=scenario, backend="onnxruntime", overrides=overrides,
+        record = run(RunRequest(model=model_name, scenario=scenario, backend=backend, overrides=overrides,
                                 results_dir=Path(results_dir or scratch), use_tuned=results_dir is not None,
                                 quiet=True, command="bench/model_efficiency.py"))
     summary = record.performance
@@ -142,15 +173,16 @@ def harness_run(model_name: str, scenario: str, overrides: list[str], results_di
 def child(spec: dict[str, Any]) -> None:
     sys.path.insert(0, str(ROOT))
     started = time.perf_counter()
+    backend_name = spec.get("backend", "onnxruntime")
     if spec["kind"] == "probe":
-        backend = _runtime(spec["model"], 1, 1).backend
+        backend = _runtime(spec["model"], 1, 1, backend_name).backend
         report({"supports_batching": bool(backend.supports_batching)})
         backend.close()
         return
     if spec["kind"] == "raw":
-        result = raw_loop(spec["model"], spec["batch"], spec["threads"], spec["seconds"], spec["latencies"])
+        result = raw_loop(spec["model"], spec["batch"], spec["threads"], spec["seconds"], spec["latencies"], backend_name)
     else:
-        result = harness_run(spec["model"], spec["scenario"], spec["overrides"], spec.get("results_dir"))
+        result = harness_run(spec["model"], spec["scenario"], spec["overrides"], spec.get("results_dir"), backend_name)
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     result["peak_rss_bytes"] = max(own, result.pop("run_peak_rss_bytes", None) or 0)
@@ -176,7 +208,8 @@ def harness_spec(model: str, scenario: str, round_number: int, overrides: list[s
                  tuned_dir: Path | None = None) -> dict[str, Any]:
     """A measured mlharness run: at the model's tuned defaults (the bench's database in `tuned_dir`), else
     at its manifest's."""
-    spec = {"kind": "harness", "model": model, "scenario": scenario, "round": round_number, "overrides": overrides}
+    spec = {"kind": "harness", "model": model, "scenario": scenario, "round": round_number, "overrides": overrides,
+            "backend": BACKEND}
     if tuned_dir is not None:
         spec["results_dir"] = str(tuned_dir)
     return spec
@@ -186,7 +219,7 @@ def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     """`mlharness tune MODEL --scenario Offline` into the bench's results folder (its database keeps the
     tuned configuration that the tuned runs start from); returns what it stored."""
     env = hermetic()
-    command = [sys.executable, "-m", "harness.cli", "tune", model, "--scenario", "Offline", "--backend", "onnxruntime",
+    command = [sys.executable, "-m", "harness.cli", "tune", model, "--scenario", "Offline", "--backend", BACKEND,
                "--trial-seconds", f"{seconds:g}", "--repeats", "1", "--results-dir", str(results_dir)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     if done.returncode != 0:
@@ -195,7 +228,7 @@ def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     from harness.store.result_store import ResultStore
 
     with ResultStore(results_dir / "mlharness.sqlite", create=False) as store:
-        found = [t for t in store.list_tuned() if t["backend"] == "onnxruntime"]
+        found = [t for t in store.list_tuned() if t["backend"] == BACKEND]
     print(f"  {model:15s} tuned: {done.stdout.strip().splitlines()[-2]}", flush=True)
     return found[0] if found else {}
 
@@ -210,7 +243,7 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
 
     def raw_spec(batch: int, threads: int, latencies: bool = False) -> dict[str, Any]:
         return {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
-                "latencies": latencies}
+                "latencies": latencies, "backend": BACKEND}
 
     batches = BATCH_SIZES if batching else (1,)  # a graph with a fixed batch of 1 runs at 1 only
     specs = {f"b{b}_t{t}": raw_spec(b, t) for b in batches for t in thread_counts()}
@@ -320,7 +353,7 @@ def _default_batch(model: str) -> int:
     from harness.running.runner import select_model
     from specs.index import default_index
 
-    return int(select_model(default_index(), model, "onnxruntime").attributes.get("max_batch_size", 1))
+    return int(select_model(default_index(), model, BACKEND).attributes.get("max_batch_size", 1))
 
 
 def available(model: str) -> tuple[str | None, bool]:
@@ -328,7 +361,7 @@ def available(model: str) -> tuple[str | None, bool]:
     recorded torch-to-ONNX conversion, which needs torch and the weights package). The graph is
     whatever this CPU's export gives, verified by the conversion's output check: its bytes differ
     between CPUs and are never pinned, so this probe and the raw loop read the graph from the cache."""
-    result, process = run_child(__file__, {"kind": "probe", "model": model}, 1800)
+    result, process = run_child(__file__, {"kind": "probe", "model": model, "backend": BACKEND}, 1800)
     if result is None:
         return (process.stderr.strip().splitlines() or ["failed"])[-1], False
     return None, bool(result["supports_batching"])
@@ -353,8 +386,13 @@ def main() -> None:
     parser.add_argument("--server-steps", type=int, default=3, help="bisections after the first INVALID rate")
     parser.add_argument("--server-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="settings for the Server runs only, as --set (e.g. workers=2 intra_op_threads=1)")
+    parser.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
+                        help="the framework of the models (torch: the shipped *-torch manifests, against a plain "
+                             "module call under inference_mode)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     if args.child:
         child(json.loads(args.child))
         return
@@ -414,7 +452,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "cpus_available": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "python": platform.python_version(), "platform": platform.platform()},
-        "settings": {"seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
+        "settings": {"backend": BACKEND, "seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
                      "raw_threads": list(thread_counts()), "raw_batch_sizes": list(BATCH_SIZES),
                      "figures": "best of the repeats per configuration"},
         "runs": runs,
