@@ -351,12 +351,7 @@ def test_a_gathered_batch_reuses_one_buffer_and_a_batch_of_one_is_a_view() -> No
     for qids, samples in (([0, 1, 2, 3], [0, 2, 4, 6]), ([4, 5, 6, 7], [1, 3, 5, 7]),
                           ([8, 9, 10, 11], [8, 10, 9, 11]), ([12], [12])):  # 8..11: its ends are 3 apart
         sut.issue_query(qids, samples)  # each a batch of its own: none is longer than max_batch_size
-    sut.start()
-    try:
-        handoff.wait_for(13)
-    finally:
-        sut.stop()
-    assert sut.failure is None
+    _serve_until_answered(sut, handoff, 13)
     assert backend.batches() == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 9, 11], [12]]
     gathered = [x for _, x in backend.got if len(x) == 4]
     assert len({x.__array_interface__["data"][0] for x in gathered}) == 1, "one buffer for every gathered batch"
@@ -403,12 +398,7 @@ def test_a_query_with_repeated_samples_walks_the_rows_once_per_round() -> None:
     sut, handoff = _direct(staged, backend, ctx, max_batch_size=4)
     samples = [5, 0, 6, 1, 3, 7, 2, 4, 6, 1, 0, 2, 6]  # rounds: 0-7 (all), then 0, 1, 2, 6, then 6
     sut.issue_query(list(range(100, 113)), samples)
-    sut.start()
-    try:
-        handoff.wait_for(13)
-    finally:
-        sut.stop()
-    assert sut.failure is None
+    _serve_until_answered(sut, handoff, 13)
     assert backend.batches() == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 6], [6]]
     views = [np.shares_memory(x, staged.arrays["x"]) for _, x in backend.got]
     assert views == [True, True, False, True]
@@ -463,6 +453,16 @@ def _direct(staged: StagedSamples, backend: Probe, ctx: ProcessingContext, max_b
                           ctx=ctx, max_batch_size=max_batch_size, workers=1,
                           result_spec=load_manifest(model_path).outputs[0])
     return sut, handoff
+
+
+def _serve_until_answered(sut: SystemUnderTest, handoff: RecordingCompletion, count: int) -> None:
+    """Start the workers on what is queued, wait for `count` answers, stop; the run must be clean."""
+    sut.start()
+    try:
+        handoff.wait_for(count)
+    finally:
+        sut.stop()
+    assert sut.failure is None, sut.failure
 
 
 def test_queries_that_exactly_fill_a_batch_are_merged_with_nothing_left_over() -> None:
