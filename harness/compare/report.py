@@ -398,8 +398,9 @@ def tuning_report(store: Any, out_dir: Path) -> Path:
     sections, records = [], []
     for index, entry in enumerate(tuned):
         trials = json.loads(entry.get("trials_json") or "[]")
-        rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())), t["value"], t["status"],
-                 t["run_id"]) for i, t in enumerate(trials, 1)]
+        rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())), t["value"],
+                 t["status"] + (" (confirm)" if t.get("phase") == "confirm" else ""), t["run_id"])
+                for i, t in enumerate(trials, 1)]
         best = ", ".join(f"{k}={v}" for k, v in sorted(entry["settings"].items()))
         body = (f"<p>{html.escape(entry['system_name'])}, {html.escape(entry['backend'])}: best {html.escape(best)} "
                 f"({html.escape(str(entry['figure_name']))} {format_value(entry['figure_value'])}), "

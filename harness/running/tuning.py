@@ -9,7 +9,10 @@ intra-op threads, the batch size (Offline, Server), workers (Offline, Server, Mu
 ONNX Runtime, the graph optimization level and execution mode. A dimension whose values are ordered
 (threads, batch sizes) stops early on a plateau: two candidates in a row that are not better than
 the best. A candidate must beat the best by more than `MIN_GAIN` to replace it, so noise alone does
-not move the configuration. The objective is the scenario's headline figure: Offline samples/s
+not move the configuration. A best that is not the starting configuration is then confirmed:
+the two run again in turn (`CONFIRM_ROUNDS` rounds, at least), and the start stays unless the best
+still beats it by more than `MIN_GAIN`, since a short trial on a busy machine can be far off. The
+objective is the scenario's headline figure: Offline samples/s
 (higher), SingleStream p90 and MultiStream p99 latency (lower). Server's headline, the highest VALID
 rate, would take a rate search per candidate; its objective is instead the p99 latency at the run's
 target_qps (lower), the tail the latency bound is judged on, at the rate the user means to run."""
@@ -28,6 +31,7 @@ from harness.running.tuned import TUNABLE_SCENARIOS, tuning_key
 
 MIN_GAIN = 0.02  # a candidate replaces the best only when better by more than this fraction
 PLATEAU = 2  # an ordered dimension stops after this many candidates in a row that are not better
+CONFIRM_ROUNDS = 2  # rounds of start-then-best that confirm a best other than the start
 OBJECTIVE = {"Offline": ("samples_per_second", True), "SingleStream": ("p90_latency_ns", False),
              "MultiStream": ("p99_latency_ns", False), "Server": ("p99_latency_ns", False)}
 
@@ -42,10 +46,11 @@ class Trial:
     status: str
     error: str | None = None
     seconds: float = 0.0
+    phase: str = "search"  # or "confirm": the rounds that confirm the best against the start
 
     def describe(self) -> dict[str, Any]:
         return {"settings": self.settings, "value": self.value, "run_id": self.run_id, "status": self.status,
-                "error": self.error, "seconds": round(self.seconds, 3)}
+                "error": self.error, "seconds": round(self.seconds, 3), "phase": self.phase}
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Search:
     higher_is_better: bool
     trials: list[Trial] = field(default_factory=list)
     best: Trial | None = None
+    start: Trial | None = None  # the starting configuration's figure: its first trial, or its confirmed one
 
     def better(self, value: float | None, than: float | None) -> bool:
         if value is None:
@@ -108,14 +114,14 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     current = dict(start)
     target_qps: float | None = None
 
-    def trial(settings: dict[str, Any]) -> Trial:
+    def trial(settings: dict[str, Any], runs: int = repeats, phase: str = "search") -> Trial:
         nonlocal target_qps
         overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
         if base.scenario == "Offline" and target_qps:
             overrides.append(f"target_qps={target_qps:.6g}")  # sizes the Offline query to the trial's length
         started = time.monotonic()
         done: Trial | None = None
-        for _ in range(max(1, repeats)):
+        for _ in range(max(1, runs)):
             try:
                 record = run_trial(replace(base, overrides=(*base.overrides, *overrides)))
             except UserError as exc:
@@ -131,16 +137,16 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
             if attempt.value is None:
                 break  # a configuration that fails does not get better by trying again
         assert done is not None
-        done.seconds = time.monotonic() - started
+        done.seconds, done.phase = time.monotonic() - started, phase
         if base.scenario == "Offline" and done.value:
             target_qps = max(target_qps or 0.0, done.value)
         search.trials.append(done)
         shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
-        say(f"  trial {len(search.trials)}: {shown or 'defaults'} -> "
+        say(f"  trial {len(search.trials)}{' (confirm)' if phase == 'confirm' else ''}: {shown or 'defaults'} -> "
             + (f"{done.value:,.4g} {figure}" if done.value is not None else f"{done.status}: {done.error}"))
         return done
 
-    search.best = trial(current)
+    search.best = search.start = trial(current)
     if search.best.value is None:
         raise UserError(f"tune: the starting configuration failed: {search.best.error}")
     tried = {json.dumps(current, sort_keys=True)}
@@ -159,7 +165,33 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                 misses += 1
                 if ordered and misses >= PLATEAU:
                     break
+    if search.best.settings != start:
+        confirm(search, start, trial, max(CONFIRM_ROUNDS, repeats))
     return search
+
+
+def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], rounds: int) -> None:
+    """Run the start and the best in turn, one run each a round; the best stays only when its best run
+    still beats the start's by more than MIN_GAIN, else the start is chosen. Either way the chosen
+    configuration's figure becomes its confirmed one."""
+    best_settings = search.best.settings
+    runs: dict[str, list[Trial]] = {"start": [], "best": []}
+    for _ in range(rounds):
+        runs["start"].append(trial(start, runs=1, phase="confirm"))
+        runs["best"].append(trial(best_settings, runs=1, phase="confirm"))
+
+    def top(trials: list[Trial]) -> Trial | None:
+        measured = [t for t in trials if t.value is not None]
+        if not measured:
+            return None
+        return max(measured, key=lambda t: t.value) if search.higher_is_better else min(measured, key=lambda t: t.value)
+
+    start_top, best_top = top(runs["start"]), top(runs["best"])
+    search.start = start_top or search.start
+    if best_top is not None and (start_top is None or search.better(best_top.value, start_top.value)):
+        search.best = best_top
+    elif start_top is not None:
+        search.best = start_top
 
 
 def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
@@ -202,5 +234,5 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
         store.put_tuned(key, best, search.figure, search.best.value, [t.describe() for t in search.trials],
                         tuning_id, utc_now())
     return {"key": key, "settings": best, "figure": search.figure, "value": search.best.value,
-            "start_value": search.trials[0].value, "trials": [t.describe() for t in search.trials],
+            "start_value": search.start.value if search.start else None, "trials": [t.describe() for t in search.trials],
             "tuning_id": tuning_id}
