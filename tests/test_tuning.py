@@ -194,6 +194,7 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
                    "--results-dir", results) == 0
     out = capfd.readouterr().out
     assert "best: " in out and "max_batch_size=64" in out
+    assert out.count("ok (confirm)") == 2 * tuning.CONFIRM_ROUNDS, "the confirmation trials are marked"
     with ResultStore(results / "mlharness.sqlite", create=False) as store:
         (stored,) = store.list_tuned()
         assert stored["settings"]["max_batch_size"] == 64 and stored["scenario"] == "Offline"
@@ -210,6 +211,7 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
     assert run_cli("report", "--tuning", "--out", tmp_path / "report", "--db", results / "mlharness.sqlite") == 0
     page = (tmp_path / "report" / "index.html").read_text()
     assert "<h2>slow-batches Offline</h2>" in page and "best " in page and "max_batch_size=64" in page
+    assert page.count("ok (confirm)") == 2 * tuning.CONFIRM_ROUNDS
     assert (tmp_path / "report" / "tuning_0.png").read_bytes()[:4] == b"\x89PNG" and "tuning_0.png" in page
     assert all(t["run_id"] in page for t in trials)
     # A later layer still wins over it, and --no-tuned ignores it.

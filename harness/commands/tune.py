@@ -27,7 +27,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
     found = tune(base, repeats=args.repeats)
     rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())) or "defaults",
-             t["value"], t["status"], t["run_id"]) for i, t in enumerate(found["trials"], 1)]
+             t["value"], t["status"] + (" (confirm)" if t.get("phase") == "confirm" else ""), t["run_id"])
+            for i, t in enumerate(found["trials"], 1)]
     print(format_table(("trial", "settings", found["figure"], "status", "run id"), rows))
     best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"
     start, value = found["start_value"], found["value"]
