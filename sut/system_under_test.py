@@ -112,7 +112,7 @@ class SystemUnderTest(FirstFailure):
                  postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
                  ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
                  observer: BatchObserver | None = None, result_spec: TensorSpec | None = None,
-                 issue_queue: Any = None, batch_wait_s: float = 0.0):
+                 issue_queue: Any = None, batch_wait_s: float = 0.0, serve_on_caller: bool = False):
         self.backend = backend
         self.staged = staged
         self.handoff = handoff
@@ -131,6 +131,10 @@ class SystemUnderTest(FirstFailure):
         # to fill. None: LoadGen calls issue_query through the Python binding.
         self.issue_queue = None if self.inline else issue_queue
         self.batch_wait_s = max(0.0, float(batch_wait_s))
+        # One worker that is the caller's own thread (serve_here, while LoadGen's test runs on another:
+        # harness.running.runner.run_test_beside_caller). For torch on the CPU: its OpenMP runtime makes
+        # parallel regions slow on a second live thread once the first has run some (docs/tuning.md).
+        self.serve_on_caller = bool(serve_on_caller) and self.workers == 1 and not self.inline
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
@@ -182,13 +186,24 @@ class SystemUnderTest(FirstFailure):
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.inline:
-            return
+        if self.inline or self.serve_on_caller:
+            return  # LoadGen's issue thread serves (inline), or the caller does (serve_here)
         serve = self._serve if self.issue_queue is None else self._serve_native
         for worker in range(self.workers):
             thread = threading.Thread(target=serve, args=(worker,), name=f"mlharness-worker-{worker}", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def serve_here(self) -> None:
+        """Serve as the one worker on the calling thread until `end_serving` (serve_on_caller)."""
+        (self._serve if self.issue_queue is None else self._serve_native)(0)
+
+    def end_serving(self) -> None:
+        """The test is over: `serve_here` returns once what was queued before this is served."""
+        if self.issue_queue is not None:
+            self.issue_queue.close()
+        else:
+            self._queue.put(None)
 
     def stop(self) -> None:
         if self.issue_queue is not None:

@@ -106,7 +106,15 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
     faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     try:
         with loadgen_handles(sut, total, total, load or staged.load_samples, staged.unload_samples) as (lg_sut, qsl):
-            lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
+            def start_test() -> None:
+                lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
+
+            if sut.serve_on_caller:  # this thread serves, the test runs beside it (as the runner does)
+                from harness.running.runner import run_test_beside_caller
+
+                run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
+            else:
+                start_test()
     finally:
         faulthandler.cancel_dump_traceback_later()
     logged = json.loads((logdir / "mlperf_log_accuracy.json").read_text())
@@ -339,6 +347,27 @@ def test_without_a_result_spec_the_result_is_not_checked(tmp_path: Path) -> None
     _loadgen(checked, staged, "Offline", tmp_path / "checked")
     assert isinstance(checked.failure, SampleError) and checked.failure.stage == "postprocess"
     assert "float64 with shape (4, 1)" in str(checked.failure)
+
+
+@pytest.mark.parametrize("scenario", ["Offline", "Server"])
+def test_one_worker_can_be_the_callers_own_thread(tmp_path: Path, scenario: str) -> None:
+    """serve_on_caller (torch on the CPU): no worker thread is started; every batch is predicted on the
+    thread that serves (this one) while LoadGen's test runs on another, through the Python queue
+    (Offline) and the native issue queue (Server), and every response is its own sample's."""
+    from sut.handoff import load_issue_queue
+
+    _, backend, staged, ctx = _parts(count=13)
+    issue_queue, _ = load_issue_queue(scenario)
+    sut = _sut(backend, staged, ctx, scenario, max_batch_size=4, workers=1, serve_on_caller=True,
+               issue_queue=issue_queue)
+    assert sut.serve_on_caller
+    responses = _loadgen(sut, staged, scenario, tmp_path)
+    assert sut.failure is None
+    assert {name for name, _ in backend.got} == {threading.current_thread().name}
+    assert not sut._threads
+    assert {sample: _answered(data) for sample, data in responses.items()} == {i: i for i in range(13)}
+    two = _sut(backend, staged, ctx, scenario, max_batch_size=4, workers=2, serve_on_caller=True)
+    assert not two.serve_on_caller, "only a single worker is the caller's thread"
 
 
 def test_a_gathered_batch_reuses_one_buffer_and_a_batch_of_one_is_a_view() -> None:

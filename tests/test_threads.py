@@ -246,6 +246,26 @@ def test_hardware_threads_affinity_and_environment_reach_torch_in_the_workers(
     assert record["software"]["manifest"]["name"] == "torch-env"
 
 
+def test_one_torch_worker_on_the_cpu_is_the_runs_own_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             probe_site: Path, pinned_cpu: int) -> None:
+    """torch's OpenMP runtime slows parallel regions on a second live thread once the first has run
+    some, so with one worker on the CPU the run's own thread (which loaded and warmed the module)
+    serves, while LoadGen's test runs beside it; the record says so. ONNX Runtime keeps its worker."""
+    pytest.importorskip("torch")
+    model = write_manifest(tmp_path / "torch", "tiny-torch-threads.yaml", TINY_TORCH)
+    hardware = _hardware(tmp_path, intra=1, inter=1, cpu=pinned_cpu)
+    software = _software(tmp_path, "torch", {})
+    record, seen = _probed_run(tmp_path / "torch", monkeypatch, probe_site, model, "torch-probe", hardware, software,
+                               "workers=1")
+    assert sorted(seen["predicting"]) == ["MainThread"], seen["predicting"]
+    assert record["loadgen"]["accuracy"]["sut"]["served_on"] == "caller"
+
+    record, seen = _probed_run(tmp_path / "ort", monkeypatch, probe_site, RESNET, "ort-probe", hardware,
+                               REPO / "specs" / "software" / "onnxruntime.yaml", "workers=1")
+    assert "mlharness-worker-0" in seen["predicting"], seen["predicting"]  # the warm-up ran on the main thread
+    assert record["loadgen"]["accuracy"]["sut"]["served_on"] == "workers"
+
+
 def test_the_callers_environment_wins_over_the_software_manifest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe_site: Path, pinned_cpu: int) -> None:
     """The manifest's environment is a default: a variable the caller set stays as set."""

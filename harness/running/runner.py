@@ -513,7 +513,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                               scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                               max_batch_size=options["max_batch_size"], workers=options["workers"],
                               observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
-                              issue_queue=issue_queue, batch_wait_s=wait["batch_wait_ms"] / 1e3)
+                              issue_queue=issue_queue, batch_wait_s=wait["batch_wait_ms"] / 1e3,
+                              # not under a profile: its tracers follow the SUT's worker threads
+                              serve_on_caller=profile is None and getattr(runtime.backend, "prefers_caller_thread", False))
+        if facts is not None:
+            facts.update(served_on="caller" if sut.serve_on_caller else "workers")
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)
