@@ -296,8 +296,10 @@ def test_a_node_killed_mid_cell_loses_no_cell(cluster: Cluster, tmp_path: Path) 
 
 def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(cluster: Cluster,
                                                                                 tmp_path: Path) -> None:
+    # Cells of 3 s or more: the interrupt must land while cells still run, after the first has been
+    # recorded (with 1.2 s cells a CI run once saw all five finish before it landed).
     grid = write_grid(tmp_path / "grid.yaml", "stopped", ["cpu"], scenarios="[Offline]",
-                      batch_sizes="[2, 4, 8, 16, 32]", min_duration=1200)
+                      batch_sizes="[2, 4, 8, 16, 32]", min_duration=3000)
     results = tmp_path / "results"
     db = results / "mlharness.sqlite"
     scratch_before = set(cluster.root.glob("mlharness-node-cell-*"))  # the nodes' TMPDIR

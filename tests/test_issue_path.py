@@ -46,7 +46,7 @@ def test_the_batch_wait_is_bounded_by_the_target_less_two_measured_batch_times(t
                    "--results-dir", tmp_path) == 0
     offline = newest_run(tmp_path, "null", "Offline")["loadgen"]["performance"]["sut"]
     assert offline == {"issue_path": "python (the native issue path serves Server; this is Offline)",
-                       "batch_wait_ms": 0.0}
+                       "batch_wait_ms": 0.0, "served_on": "workers"}
 
 
 @pytest.mark.parametrize("scenario, wanted, target, service, expected", [
