@@ -144,7 +144,11 @@ def driver(cluster: Cluster, cwd: Path, *args: str, progress: bool = False) -> s
     env = dict(cluster.env, TMPDIR=str(cwd))
     if progress:
         env |= {"MLHARNESS_PROGRESS": "on", "MLHARNESS_PROGRESS_INTERVAL": "0.3"}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", *args, "--cluster", cluster.address],
+    # SIGINT as a terminal's user has it: started from a background job (nohup, `&` in a script) the
+    # child inherits it ignored, Python then never raises KeyboardInterrupt, and Ctrl-C does nothing.
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from harness.cli import main\nsys.exit(main(sys.argv[1:]))")
+    return subprocess.Popen([sys.executable, "-c", code, "sweep", *args, "--cluster", cluster.address],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
