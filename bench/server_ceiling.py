@@ -39,30 +39,23 @@ SHARES = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 def batch_times_ms(model_name: str, max_batch: int, threads: int, seconds: float) -> dict[int, float]:
     """The median time (ms) of one plain session.run of each batch size 1..max_batch, on the harness's
     graph and preprocessed samples (threads 0: ONNX Runtime chooses, as the harness's default)."""
-    import onnxruntime as ort
-
     sys.path.insert(0, str(ROOT))
-    from model_efficiency import _runtime  # bench/, beside this script
+    from model_efficiency import _plain_session, _runtime  # bench/, beside this script
 
     runtime = _runtime(model_name, max_batch, threads)
-    graph = runtime.backend.graph_path
-    runtime.backend.close()
     count = min(len(runtime.staged), int(runtime.model.attributes.get("performance_sample_count", 64)))
     runtime.staged.load_samples(list(range(count)))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    outputs = [o.name for o in runtime.model.outputs]
+    run = _plain_session(runtime, threads)  # the raw loop's own session (it closes the harness's)
     times: dict[int, float] = {}
     for batch in range(1, max_batch + 1):
         feed = {name: np.ascontiguousarray(np.resize(a, (batch, *a.shape[1:]))) for name, a in runtime.staged.arrays.items()}
         for _ in range(3):
-            session.run(outputs, feed)
+            run(feed)
         taken = []
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline or len(taken) < 5:
             started = time.perf_counter()
-            session.run(outputs, feed)
+            run(feed)
             taken.append(time.perf_counter() - started)
         times[batch] = float(np.median(taken)) * 1e3
         print(f"  batch {batch}: {times[batch]:.1f} ms ({batch / times[batch] * 1e3:.1f} samples/s)", flush=True)

@@ -15,6 +15,7 @@ TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from harness.running.tuned import trial_status
     from harness.running.tuning import tune
 
     fields = request_fields(args)
@@ -27,7 +28,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
     found = tune(base, repeats=args.repeats)
     rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())) or "defaults",
-             t["value"], t["status"] + (" (confirm)" if t.get("phase") == "confirm" else ""), t["run_id"])
+             t["value"], trial_status(t), t["run_id"])
             for i, t in enumerate(found["trials"], 1)]
     print(format_table(("trial", "settings", found["figure"], "status", "run id"), rows))
     best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"

@@ -390,6 +390,7 @@ def tuning_report(store: Any, out_dir: Path) -> Path:
     """Every tuned configuration (`mlharness tune`): its search as a table and a chart of each trial's
     figure, the trials' runs below."""
     from harness.errors import UserError
+    from harness.running.tuned import trial_status
 
     tuned = store.list_tuned()
     if not tuned:
@@ -399,7 +400,7 @@ def tuning_report(store: Any, out_dir: Path) -> Path:
     for index, entry in enumerate(tuned):
         trials = json.loads(entry.get("trials_json") or "[]")
         rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())), t["value"],
-                 t["status"] + (" (confirm)" if t.get("phase") == "confirm" else ""), t["run_id"])
+                 trial_status(t), t["run_id"])
                 for i, t in enumerate(trials, 1)]
         best = ", ".join(f"{k}={v}" for k, v in sorted(entry["settings"].items()))
         body = (f"<p>{html.escape(entry['system_name'])}, {html.escape(entry['backend'])}: best {html.escape(best)} "

@@ -46,3 +46,8 @@ def untuned_note(model: str, scenario: str, system_name: str) -> str:
     return (f"note: {model} is untuned for {scenario} on this system ({system_name}); `mlharness tune {model} "
             f"--scenario {scenario}` searches its batch size, threads and session options and later runs here "
             f"start from what it finds")
+
+
+def trial_status(trial: dict[str, Any]) -> str:
+    """A stored trial's status as the tune table and the report show it: confirmation runs marked."""
+    return trial["status"] + (" (confirm)" if trial.get("phase") == "confirm" else "")
