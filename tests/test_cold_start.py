@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,10 @@ def test_null_first_inference_then_the_requested_warm_up_queries(null_runtime: R
     assert batches[0]["x"][:, 0].tolist() == [0.0]
     assert batches[1]["x"][:, 0].tolist() == [float(i) for i in range(16)]  # the dataset's first samples
     assert cold["first_inference_seconds"] > 0
-    assert cold["warmup"] == {"queries": 5, "samples": 80, "seconds": cold["warmup"]["seconds"], "batch_size": 16,
-                              "requested": {"queries": 5, "seconds": 0.0}}
+    warmup = cold["warmup"]
+    assert warmup == {"queries": 5, "samples": 80, "seconds": warmup["seconds"], "batch_size": 16,
+                      "fastest_query_seconds": warmup["fastest_query_seconds"], "requested": {"queries": 5, "seconds": 0.0}}
+    assert 0 < warmup["fastest_query_seconds"] <= warmup["seconds"] / 5
     assert null_runtime.staged.arrays == {}  # prepared directly: nothing was staged for LoadGen
 
 
@@ -72,6 +75,21 @@ def test_warm_up_runs_at_least_the_requested_seconds(null_runtime: Runtime) -> N
     assert warmup["seconds"] >= 0.2 and warmup["queries"] >= 1
     assert batch_sizes(batches) == [1] + [4] * warmup["queries"]
     assert warmup["samples"] == 4 * warmup["queries"]
+
+
+def test_the_fastest_warm_up_batch_is_kept_apart_from_a_stall(null_runtime: Runtime) -> None:
+    """One batch stalls (a busy machine): the mean carries the stall, the fastest batch does not."""
+    predict, calls = null_runtime.backend.predict, []
+
+    def stalling(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        calls.append(1)
+        if len(calls) == 3:  # the first inference, one warm-up batch, then the stall
+            time.sleep(0.2)
+        return predict(inputs)
+
+    null_runtime.backend.predict = stalling  # type: ignore[method-assign]
+    warmup = first_inference_and_warm_up(null_runtime, max_batch_size=4, queries=4, seconds=0.0)["warmup"]
+    assert warmup["seconds"] >= 0.2 and warmup["fastest_query_seconds"] < 0.05
 
 
 def test_zero_queries_and_seconds_skip_the_warm_up(null_runtime: Runtime) -> None:

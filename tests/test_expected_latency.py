@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.running.runner import _expect_measured_latency
+from harness.running.settings import Settings
 from tests.support import REPO, run_cli
 
 
@@ -42,3 +44,14 @@ def test_an_expected_latency_the_user_set_is_kept(tmp_path: Path, capfd: pytest.
     assert code == 1 and "Ran out of generated queries" in err and len(err.strip().splitlines()) == 1
     record = json.loads(next(results.glob("*/null/SingleStream/failed-*/run.json")).read_text())
     assert record["settings"]["origin"]["target_latency"] == "cli"
+
+
+def test_the_fastest_warm_up_query_sets_the_expectation_not_the_mean() -> None:
+    """A warm-up of 10 batches of 4 took 1 s, one stall included, and its fastest batch 2 ms: the run
+    answers at the fast pace, so the expectation is half the fastest sample (0.25 ms), not half the
+    mean (12.5 ms), which would leave LoadGen short of queries."""
+    settings = Settings("SingleStream", "PerformanceOnly", "null")
+    settings.set("target_latency", 100, "model", "the manifest")
+    cold_start = {"warmup": {"queries": 10, "samples": 40, "seconds": 1.0, "batch_size": 4, "fastest_query_seconds": 0.002}}
+    _expect_measured_latency(settings, cold_start, "SingleStream")
+    assert settings.origin["target_latency"] == "measured" and float(settings.loadgen["target_latency"]) == 0.25
