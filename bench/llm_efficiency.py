@@ -12,8 +12,9 @@ For the transformers engine:
   token) on the same prompts; `..._ratio_vs_engine_loop`: over the engine's own decode loop
   (`engine.generate`, what SingleStream calls) run without LoadGen, which isolates the harness's cost.
 - server: the highest VALID QPS under the model's Server TTFT/TPOT limits with continuous and with
-  static batching (llm_batching), by a short search: start at --server-start QPS, multiply by 1.5 while
-  VALID, then one bisection between the last VALID and the first INVALID rate. Each point is a Server
+  static batching (llm_batching), by a short search of --server-steps tests (bench/qps_search.py): start
+  at --server-start QPS, multiply by 1.5 while VALID (halve while a failing start fails), then bisect
+  between the last VALID and the first INVALID rate. Each point is a Server
   test of --server-queries queries (LoadGen's TTFT/TPOT early stopping at p99 needs about 460).
 
 Each measurement runs in a fresh process (the model loaded as a run loads it). The machine is shared:
@@ -43,6 +44,7 @@ from typing import Any, Callable
 # Beside this script in bench/: how a measurement runs in its own process, and the LLM engines' helpers.
 from child_process import hermetic, measured, report
 from llm_engines import harness_run_record, load_engine, ms, prompt_ids
+from qps_search import highest_passing_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "llm_efficiency.json"
@@ -241,9 +243,9 @@ def server_search(backend: str, threads: int, prompts: int, batch: int, batching
                   percentile: float = 99.0) -> dict[str, Any]:
     """The highest VALID Server QPS found in at most `steps` tests (see the module's doc), with the TTFT/TPOT
     limits at `percentile` (MLPerf's 99 by default)."""
-    valid, invalid, tried = 0.0, None, []
-    qps = start
-    for _ in range(steps):
+    tried: list[dict[str, Any]] = []
+
+    def passes(qps: float) -> bool:
         run = measure({"backend": backend, "threads": threads, "prompts": prompts, "kind": "harness",
                        "scenario": "Server", "batching": batching, "qps": round(qps, 3), "dataset": dataset,
                        "overrides": [
@@ -256,16 +258,11 @@ def server_search(backend: str, threads: int, prompts: int, batch: int, batching
                       "ttft_p99_ns": run.get("ttft_p99_ns"),
                       "tpot_p99_ns": run.get("tpot_p99_ns"), "goodput_fraction": run.get("goodput_fraction"),
                       "completed_samples_per_second": run.get("completed_samples_per_second")})
-        if ok:
-            valid = max(valid, qps)
-        else:
-            invalid = qps if invalid is None else min(invalid, qps)
-        if invalid is None:
-            qps *= 1.5
-        elif valid:
-            qps = (valid + invalid) / 2
-        else:
-            qps = invalid / 2
+        return ok
+
+    # x1.5 while VALID; a failing start halves until a rate passes; then bisections, `steps` tests in all
+    valid, invalid = highest_passing_rate(passes, start, factor=1.5, lower=tuple(start / 2 ** k for k in range(1, steps)),
+                                          bisections=steps, budget=steps)
     return {"batching": batching, "highest_valid_qps": round(valid, 3) if valid else None,
             "lowest_invalid_qps": round(invalid, 3) if invalid else None, "tried": tried}
 

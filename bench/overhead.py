@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from child_process import report, run_child, without_db  # bench/child_process.py, beside this script
+from qps_search import highest_passing_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "overhead.json"
@@ -198,28 +199,13 @@ def singlestream(variant: str, duration_ms: int, runs: list[dict[str, Any]]) -> 
 def server_max_valid_qps(variant: str, duration_ms: int, start_qps: int, cap_qps: int,
                          runs: list[dict[str, Any]]) -> int:
     """Double from start_qps until a run is not VALID with p99 <= 10 ms, then bisect to within 5%."""
-    def passes(qps: int) -> bool:
-        run = measure(variant, "Server", [f"target_qps={qps}", f"target_latency={SERVER_LATENCY_MS}",
+    def passes(qps: float) -> bool:
+        run = measure(variant, "Server", [f"target_qps={int(qps)}", f"target_latency={SERVER_LATENCY_MS}",
                                           f"min_duration={duration_ms}", "min_query_count=1"], runs)
         return bool(run["valid"]) and (run["p99_latency_ns"] or 0) <= SERVER_LATENCY_MS * 1_000_000
 
-    low, high, qps = 0, None, start_qps
-    while high is None and qps <= cap_qps:
-        if passes(qps):
-            low, qps = qps, qps * 2
-        else:
-            high = qps
-    if high is None:
-        return low
-    while high - low > 0.05 * high:
-        middle = int(round((low + high) / 2, -3)) or (low + high) // 2
-        if middle in (low, high):
-            break
-        if passes(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    low, _ = highest_passing_rate(passes, start_qps, factor=2.0, cap=cap_qps, bisections=10, tolerance=0.05)
+    return int(low or 0)
 
 
 def main() -> None:

@@ -48,3 +48,24 @@ def test_nothing_passes(lower: tuple[float, ...]) -> None:
     assert low is None
     assert high == (lower[-1] if lower else 10.0)
     assert tried == [10.0, *lower]
+
+
+def test_bisections_stop_once_within_the_tolerance() -> None:
+    tried: list[float] = []
+    low, high = highest_passing_rate(below(30.0, tried), 10.0, factor=2.0, bisections=10, tolerance=0.1)
+    # 20 passes, 40 fails; 30 passes (gap 10 of 40), 35 fails (gap 5 of 35), 32.5 fails: 2.5 <= 3.25, done
+    assert tried == [10.0, 20.0, 40.0, 30.0, 35.0, 32.5]
+    assert (low, high) == (30.0, 32.5)
+
+
+@pytest.mark.parametrize("budget, expected", [(2, [10.0, 20.0]), (4, [10.0, 20.0, 40.0, 30.0])])
+def test_the_budget_caps_the_tests_in_all(budget: int, expected: list[float]) -> None:
+    tried: list[float] = []
+    highest_passing_rate(below(30.0, tried), 10.0, factor=2.0, bisections=10, budget=budget)
+    assert tried == expected
+
+
+def test_the_budget_also_caps_the_lower_rates() -> None:
+    tried: list[float] = []
+    assert highest_passing_rate(below(1.0, tried), 10.0, lower=(5.0, 2.5, 1.25), budget=3) == (None, 2.5)
+    assert tried == [10.0, 5.0, 2.5]
