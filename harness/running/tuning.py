@@ -70,6 +70,13 @@ class Search:
         gain = (value - than) / than if self.higher_is_better else (than - value) / than
         return gain > MIN_GAIN
 
+    def top(self, trials: list[Trial]) -> Trial | None:
+        """The trial with the best figure (by the objective's direction); None when none has one."""
+        measured = [t for t in trials if t.value is not None]
+        if not measured:
+            return None
+        return (max if self.higher_is_better else min)(measured, key=lambda t: t.value)
+
 
 def dimensions(scenario: str, backend: str, cpus: int, start: dict[str, Any]) -> list[tuple[str, list[Any], bool]]:
     """(harness key, candidate values, ordered) in the order they are searched."""
@@ -120,7 +127,7 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
         if base.scenario == "Offline" and target_qps:
             overrides.append(f"target_qps={target_qps:.6g}")  # sizes the Offline query to the trial's length
         started = time.monotonic()
-        done: Trial | None = None
+        attempts: list[Trial] = []
         for _ in range(max(1, runs)):
             try:
                 record = run_trial(replace(base, overrides=(*base.overrides, *overrides)))
@@ -131,12 +138,10 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                 value = (record.performance or {}).get(figure)
                 attempt = Trial(dict(settings), float(value) if value is not None else None, record.run_id,
                                 "ok" if value is not None else "no figure")
-            if done is None or (attempt.value is not None and
-                                (done.value is None or (attempt.value > done.value) == higher)):
-                done = attempt
+            attempts.append(attempt)
             if attempt.value is None:
                 break  # a configuration that fails does not get better by trying again
-        assert done is not None
+        done = search.top(attempts) or attempts[0]
         done.seconds, done.phase = time.monotonic() - started, phase
         if base.scenario == "Offline" and done.value:
             target_qps = max(target_qps or 0.0, done.value)
@@ -180,13 +185,7 @@ def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], 
         runs["start"].append(trial(start, runs=1, phase="confirm"))
         runs["best"].append(trial(best_settings, runs=1, phase="confirm"))
 
-    def top(trials: list[Trial]) -> Trial | None:
-        measured = [t for t in trials if t.value is not None]
-        if not measured:
-            return None
-        return max(measured, key=lambda t: t.value) if search.higher_is_better else min(measured, key=lambda t: t.value)
-
-    start_top, best_top = top(runs["start"]), top(runs["best"])
+    start_top, best_top = search.top(runs["start"]), search.top(runs["best"])
     search.start = start_top or search.start
     if best_top is not None and (start_top is None or search.better(best_top.value, start_top.value)):
         search.best = best_top
