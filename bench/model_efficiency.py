@@ -7,7 +7,8 @@ inference_mode (threads as torch.set_num_threads).
   the same batch size and threads.
 - singlestream_p90_ratio: mlharness SingleStream p90 over the raw loop's p90 (batch 1, same threads).
 - offline_default_vs_best_raw: the same mlharness figure over the best raw loop among batch sizes
-  {1, 2, 4, 8} and intra-op threads {1, 2, half and all of the CPUs this process may use}.
+  {1, 2, 4, 8, the manifest's, the tuned one} and intra-op threads {1, 2, half and all of the CPUs
+  this process may use}.
 
 - server_vs_offline (--server): the highest Server QPS whose run is VALID at the model's own latency
   bound (its manifest's Server target_latency, p99) over its Offline samples/s at the same defaults
@@ -233,11 +234,18 @@ def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     return found[0] if found else {}
 
 
+def grid_batch_sizes(default_batch: int, tuned_batch: int | None) -> tuple[int, ...]:
+    """The raw grid's batch sizes: BATCH_SIZES, the manifest's max_batch_size and the tuned one."""
+    return tuple(sorted({*BATCH_SIZES, int(default_batch), *([int(tuned_batch)] if tuned_batch else [])}))
+
+
 def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str, Any]],
-                  batching: bool = True, tuned_dir: Path | None = None) -> dict[str, Any]:
+                  batching: bool = True, tuned_dir: Path | None = None, tuned_batch: int | None = None) -> dict[str, Any]:
     """Every configuration measured `repeats` times in interleaved rounds; each figure is its best
     round (highest samples/s, lowest p90): on a shared machine other work only ever slows a run
-    down, so the best round is the closest to the machine's own speed. All rounds stay in `runs`."""
+    down, so the best round is the closest to the machine's own speed. All rounds stay in `runs`.
+    The raw grid covers the manifest's and the tuned batch sizes too: the best raw configuration is
+    never one the harness could run and the grid did not try."""
     default_batch = _default_batch(model)
     duration_ms = int(seconds * 1000)
 
@@ -245,7 +253,7 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
         return {"kind": "raw", "model": model, "batch": batch, "threads": threads, "seconds": seconds,
                 "latencies": latencies, "backend": BACKEND}
 
-    batches = BATCH_SIZES if batching else (1,)  # a graph with a fixed batch of 1 runs at 1 only
+    batches = grid_batch_sizes(default_batch, tuned_batch) if batching else (1,)  # a fixed batch of 1 runs at 1 only
     specs = {f"b{b}_t{t}": raw_spec(b, t) for b in batches for t in thread_counts()}
     specs["raw_same_config"] = raw_spec(default_batch, DEFAULT_THREADS)
     specs["raw_singlestream"] = raw_spec(1, DEFAULT_THREADS, latencies=True)
@@ -424,11 +432,12 @@ def main() -> None:
             skipped[name] = reason
             print(f"  {name}: skipped ({reason})")
             continue
-        tuned_dir = None
+        tuned_dir, tuned_batch = None, None
         if args.tuned:
             tuned_dir = workdir / "tuned" / name
-            tune_model(model, tuned_dir, max(args.seconds / 3, 1.0))
-        found = {} if args.server_only else model_figures(model, args.seconds, args.repeats, runs, batching, tuned_dir)
+            tuned_batch = (tune_model(model, tuned_dir, max(args.seconds / 3, 1.0)).get("settings") or {}).get("max_batch_size")
+        found = {} if args.server_only else model_figures(model, args.seconds, args.repeats, runs, batching, tuned_dir,
+                                                          tuned_batch)
         if args.server or args.server_only:
             offline = found.get("mlharness_offline_tuned_sps" if tuned_dir else "mlharness_offline_sps") or \
                 offline_rate(model, args.seconds, args.repeats, runs, tuned_dir)
@@ -461,7 +470,8 @@ def main() -> None:
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "python": platform.python_version(), "platform": platform.platform()},
         "settings": {"backend": BACKEND, "seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
-                     "raw_threads": list(thread_counts()), "raw_batch_sizes": list(BATCH_SIZES),
+                     "raw_threads": list(thread_counts()),
+                     "raw_batch_sizes": f"{list(BATCH_SIZES)}, the manifest's and the tuned max_batch_size",
                      "figures": "best of the repeats per configuration"},
         "runs": runs,
     }
