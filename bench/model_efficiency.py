@@ -17,7 +17,10 @@ inference_mode (threads as torch.set_num_threads).
 
 - offline_tuned_vs_best_raw (--tuned): each model is first tuned (`mlharness tune --scenario Offline`, its
   configuration stored in the bench's results database) and mlharness runs again at its tuned
-  defaults; that figure over the best raw loop. The target is >= 0.98 for every model.
+  defaults; that figure over the best raw loop. The grid picks the best raw configuration; then it and
+  the tuned mlharness run are measured again in --repeats fresh rounds, alternated (ABBA), and the
+  ratio is of those figures: the grid's best is the highest of many noisy figures and overstates its
+  configuration (offline_tuned_vs_best_raw_grid keeps that ratio). The target is >= 0.98 for every model.
 
 Models: the shipped ones by name, any manifest path, and `light_<name>` for the onnx wheel's light_*
 graphs (densenet121, inception_v2, squeezenet, shufflenet, ...) through manifests written as a user
@@ -257,8 +260,11 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
     specs = {f"b{b}_t{t}": raw_spec(b, t) for b in batches for t in thread_counts()}
     specs["raw_same_config"] = raw_spec(default_batch, DEFAULT_THREADS)
     specs["raw_singlestream"] = raw_spec(1, DEFAULT_THREADS, latencies=True)
+    # the bench's backend, as every harness run here: without it the child ran ONNX Runtime's graph
+    # against the torch loop's latency, and LoadGen ran out of queries planned for torch's pace
     specs["mlharness_singlestream"] = {"kind": "harness", "model": model, "scenario": "SingleStream",
-                                       "overrides": [f"min_duration={duration_ms}", "min_query_count=1"]}
+                                       "overrides": [f"min_duration={duration_ms}", "min_query_count=1"],
+                                       "backend": BACKEND}
     best: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for round_number in range(repeats):
@@ -285,15 +291,32 @@ def model_figures(model: str, seconds: float, repeats: int, runs: list[dict[str,
             keep(best, "mlharness_offline_tuned",
                  measure(harness_spec(model, "Offline", round_number, overrides, tuned_dir), runs))
 
-    grid = {key: best[key]["samples_per_second"] for key in specs if key.startswith("b")}
+    # The framework's own thread count (raw_same_config's threads 0) is a plain-loop configuration too.
+    measured_as = {key: key for key in specs if key.startswith("b")} | {f"b{default_batch}_tdefault": "raw_same_config"}
+    grid = {name: best[key]["samples_per_second"] for name, key in measured_as.items()}
     best_key = max(grid, key=grid.get)
+    if tuned_dir is not None:
+        # The grid's best is the highest of many noisy figures, so it sits above its configuration's
+        # own speed (the winner's curse), while the tuned run is one configuration's best of `repeats`.
+        # Both are measured again in fresh rounds, alternated ABBA against drift, for the tuned ratio.
+        for round_number in range(repeats):
+            pair = [("raw_best_confirm", {**specs[measured_as[best_key]], "round": repeats + round_number}),
+                    ("mlharness_offline_tuned_confirm",
+                     harness_spec(model, "Offline", repeats + round_number, overrides, tuned_dir))]
+            for key, spec in (pair if round_number % 2 == 0 else pair[::-1]):
+                keep(best, key, measure(spec, runs))
     offline, singlestream = best["mlharness_offline"], best.get("mlharness_singlestream")
     same_config = best["raw_same_config"]["samples_per_second"]
     raw_singlestream = best["raw_singlestream"]["p90_latency_ns"]
     tuned = best.get("mlharness_offline_tuned")
     tuned_figures = {} if tuned is None else {
         "mlharness_offline_tuned_sps": tuned["samples_per_second"],
-        "offline_tuned_vs_best_raw": round(tuned["samples_per_second"] / grid[best_key], 4),
+        "offline_tuned_vs_best_raw_grid": round(tuned["samples_per_second"] / grid[best_key], 4),
+        # the headline: both measured in the same fresh rounds, after the grid chose the best raw one
+        "offline_tuned_vs_best_raw": round(best["mlharness_offline_tuned_confirm"]["samples_per_second"]
+                                           / best["raw_best_confirm"]["samples_per_second"], 4),
+        "confirm": {"mlharness_offline_tuned_sps": best["mlharness_offline_tuned_confirm"]["samples_per_second"],
+                    "raw_best_sps": best["raw_best_confirm"]["samples_per_second"], "rounds": repeats},
         "tuned_settings": {k: v for k, v in (tuned.get("harness_settings") or {}).items()
                            if (tuned.get("settings_origin") or {}).get(k) == "tuned"},
     }
@@ -492,9 +515,10 @@ def main() -> None:
               + (f"{found['mlharness_singlestream_p90_ns'] / 1e6:.2f} ms vs raw {found['raw_singlestream_p90_ns'] / 1e6:.2f} ms "
                  f"(ratio {found['singlestream_p90_ratio']:.3f})" if found["mlharness_singlestream_p90_ns"] else
                  f"not measured ({'; '.join(found['failures'])})")
-              + (f"; tuned defaults {found['mlharness_offline_tuned_sps']:.2f} samples/s "
-                 f"({found['offline_tuned_vs_best_raw']:.3f} of the best raw; {found['tuned_settings']})"
-                 if "mlharness_offline_tuned_sps" in found else ""))
+              + (f"; tuned defaults {found['tuned_settings']}: re-measured beside the best raw "
+                 f"{found['confirm']['mlharness_offline_tuned_sps']:.2f} vs {found['confirm']['raw_best_sps']:.2f} "
+                 f"samples/s, {found['offline_tuned_vs_best_raw']:.3f} (against the grid's figure "
+                 f"{found['offline_tuned_vs_best_raw_grid']:.3f})" if "mlharness_offline_tuned_sps" in found else ""))
     print(f"targets: {json.dumps(figures['targets'])}")
     print(f"written: {args.out}")
 
