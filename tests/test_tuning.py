@@ -66,6 +66,24 @@ def test_the_search_climbs_each_dimension_and_stops_on_a_plateau() -> None:
     assert len({json.dumps(c, sort_keys=True) for c in calls}) == len(calls)
 
 
+def test_an_ordered_dimension_is_walked_outward_from_the_start() -> None:
+    """mobilenet-v2's case: its manifest starts at batch 8 and batch 4 is best. Walking up from batch 1
+    ended on a plateau at 2 and never tried 4; walking outward tries 4 and 16 first."""
+    calls: list[dict] = []
+
+    def throughput(settings: dict) -> float:
+        return {1: 300.0, 2: 360.0, 4: 410.0, 8: 394.0, 16: 380.0, 32: 370.0, 64: 360.0}[int(settings["max_batch_size"])]
+
+    start = {"max_batch_size": 8}
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), start, "null", 1,
+                               _objective("samples_per_second", throughput, calls), say=lambda _: None)
+    assert search.best.settings["max_batch_size"] == 4
+    batches = [int(c["max_batch_size"]) for c in calls if c.get("workers", "1") == "1"
+               and c.get("intra_op_threads") is None]
+    # the start, then down and up in turn: 4 (better), 16, 2, 32 (the upward plateau), 1 (the downward one)
+    assert batches[:6] == [8, 4, 16, 2, 32, 1] and 64 not in batches
+
+
 def test_a_candidate_must_beat_the_best_by_more_than_the_noise_margin() -> None:
     def search(throughput: dict[str, float]) -> tuning.Search:
         def latency(settings: dict) -> float:
