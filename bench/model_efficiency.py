@@ -8,7 +8,7 @@ inference_mode (threads as torch.set_num_threads).
 - singlestream_p90_ratio: mlharness SingleStream p90 over the raw loop's p90 (batch 1, same threads).
 - offline_default_vs_best_raw: the same mlharness figure over the best raw loop among batch sizes
   {1, 2, 4, 8, the manifest's, the tuned one} and intra-op threads {1, 2, half and all of the CPUs
-  this process may use}.
+  this process may use}, plus the manifest's batch at the framework's own thread count.
 
 - server_vs_offline (--server): the highest Server QPS whose run is VALID at the model's own latency
   bound (its manifest's Server target_latency, p99) over its Offline samples/s at the same defaults
@@ -509,7 +509,8 @@ def main() -> None:
         "settings": {"backend": BACKEND, "seconds": args.seconds, "repeats": args.repeats, "warmup_runs_raw": WARMUP_RUNS,
                      "raw_threads": list(thread_counts()),
                      "raw_batch_sizes": f"{list(BATCH_SIZES)}, the manifest's and the tuned max_batch_size",
-                     "figures": "best of the repeats per configuration"},
+                     "figures": "best of the repeats per configuration; the tuned ratio: median of the confirm pairs",
+                     "confirm_rounds": args.confirm_rounds},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
