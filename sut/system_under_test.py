@@ -188,15 +188,19 @@ class SystemUnderTest(FirstFailure):
     def start(self) -> None:
         if self.inline or self.serve_on_caller:
             return  # LoadGen's issue thread serves (inline), or the caller does (serve_here)
-        serve = self._serve if self.issue_queue is None else self._serve_native
         for worker in range(self.workers):
-            thread = threading.Thread(target=serve, args=(worker,), name=f"mlharness-worker-{worker}", daemon=True)
+            thread = threading.Thread(target=self._serve_loop, args=(worker,), name=f"mlharness-worker-{worker}",
+                                      daemon=True)
             thread.start()
             self._threads.append(thread)
 
     def serve_here(self) -> None:
         """Serve as the one worker on the calling thread until `end_serving` (serve_on_caller)."""
-        (self._serve if self.issue_queue is None else self._serve_native)(0)
+        self._serve_loop(0)
+
+    def _serve_loop(self, worker: int) -> None:
+        """One worker's loop: over the Python queue, or over the native issue queue (Server)."""
+        (self._serve if self.issue_queue is None else self._serve_native)(worker)
 
     def end_serving(self) -> None:
         """The test is over: `serve_here` returns once what was queued before this is served."""

@@ -32,27 +32,28 @@ def first_inference_and_warm_up(runtime: Runtime, max_batch_size: int, queries: 
     _infer(runtime, result_of, {name: array[:1] for name, array in prepared.items()}, 1, distinct[:1])
     first_inference = time.perf_counter() - started
 
-    ran = 0
-    elapsed = 0.0
-    fastest = float("inf")
+    batch: dict[str, np.ndarray] = {}
     if warm:
         rows = np.arange(batch_size) % len(distinct)
         batch = {name: np.ascontiguousarray(array[rows]) for name, array in prepared.items()}
+    return {"first_inference_seconds": first_inference,
+            "warmup": timed_warm_up(lambda _: _infer(runtime, result_of, batch, batch_size, distinct),
+                                    batch_size, queries, seconds)}
+
+
+def timed_warm_up(step: Callable[[int], Any], batch_size: int, queries: int, seconds: float) -> dict[str, Any]:
+    """Call step(0), step(1), ... until at least `queries` calls ran and `seconds` passed (both 0: none),
+    and record them as cold_start's warm-up: batches, samples, total time and the fastest call (the
+    mean counts every stall of a busy machine, the fastest call none)."""
+    ran, elapsed, fastest = 0, 0.0, float("inf")
+    if queries > 0 or seconds > 0:
         started = previous = time.perf_counter()
         while ran < queries or elapsed < seconds:
-            _infer(runtime, result_of, batch, batch_size, distinct)
+            step(ran)
             ran += 1
             now = time.perf_counter()
             fastest, previous = min(fastest, now - previous), now
             elapsed = now - started
-    return {"first_inference_seconds": first_inference,
-            "warmup": warm_up_figures(ran, batch_size, elapsed, fastest, queries, seconds)}
-
-
-def warm_up_figures(ran: int, batch_size: int, elapsed: float, fastest: float, queries: int,
-                    seconds: float) -> dict[str, Any]:
-    """The warm-up as recorded in cold_start: its batches, samples, total time and fastest batch (the
-    mean counts every stall of a busy machine, the fastest batch none)."""
     return {"queries": ran, "samples": ran * batch_size, "seconds": elapsed, "batch_size": batch_size,
             **({"fastest_query_seconds": fastest} if ran else {}),
             "requested": {"queries": queries, "seconds": seconds}}

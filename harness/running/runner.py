@@ -230,9 +230,7 @@ def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], sce
     warmup = cold_start.get("warmup") or {}
     if not warmup.get("queries") or not warmup.get("samples"):
         return
-    batch_size = max(1, int(warmup.get("batch_size") or 1))
-    query_seconds = warmup.get("fastest_query_seconds", warmup["seconds"] / warmup["queries"])
-    per_sample_ms = 1000.0 * query_seconds / batch_size
+    per_sample_ms = 1000.0 * warmup["fastest_query_seconds"] / warmup["batch_size"]
     per_query_ms = per_sample_ms * (int(settings.loadgen.get("samples_per_query", 8)) if scenario == "MultiStream" else 1)
     hint = settings.loadgen.get("target_latency")
     if hint is not None and per_query_ms >= float(hint) / 2:

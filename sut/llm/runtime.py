@@ -17,7 +17,7 @@ from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
 from sut import backends
 from sut.processing import ProcessingContext
 from sut.runtime import _timed, describe_sources, enumerate_samples, resolve_sources
-from sut.warmup import warm_up_figures
+from sut.warmup import timed_warm_up
 
 
 class PromptSet:
@@ -134,12 +134,5 @@ def first_generation_and_warm_up(runtime: LLMRuntime, queries: int, seconds: flo
     started = time.perf_counter()
     backend.generate(runtime.staged.prompt(0))
     first = time.perf_counter() - started
-    ran, elapsed, fastest = 0, 0.0, float("inf")
-    started = previous = time.perf_counter()
-    while (queries > 0 or seconds > 0) and (ran < queries or elapsed < seconds):
-        backend.generate(runtime.staged.prompt(ran % count))
-        ran += 1
-        now = time.perf_counter()
-        fastest, previous = min(fastest, now - previous), now
-        elapsed = now - started
-    return {"first_inference_seconds": first, "warmup": warm_up_figures(ran, 1, elapsed, fastest, queries, seconds)}
+    warmup = timed_warm_up(lambda i: backend.generate(runtime.staged.prompt(i % count)), 1, queries, seconds)
+    return {"first_inference_seconds": first, "warmup": warmup}
