@@ -20,7 +20,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from harness.records.token_metrics import Step, engine_clock, measured_steps
+from harness.records.token_metrics import Step, measured_steps, sample_clock
 from profiling.stats import stage_stats
 from profiling.tracer import AsyncSpan, CounterSample, LevelResult, Span
 
@@ -66,8 +66,8 @@ def phases(times: Sequence[Any], steps: Sequence[Step]) -> list[Phases]:
     for n, clock in enumerate(times):
         if not clock.tokens:
             continue
-        started, first, last = engine_clock(clock.admitted, clock.tokens, steps, ends)
-        out.append(Phases(n, clock.index, clock.issued, clock.admitted, started, first, last,
+        admitted, started, first, last = sample_clock(clock.issued, clock.admitted, clock.tokens, steps, ends)
+        out.append(Phases(n, clock.index, clock.issued, admitted, started, first, last,
                           clock.completed or clock.tokens[-1], len(clock.tokens), clock.tokens[0]))
     return out
 

@@ -303,6 +303,29 @@ def test_with_the_engines_steps_the_split_has_its_queue_and_prefill_on_its_clock
     assert "engine_queue_share" not in plain and plain["prefill_p50_ns"] == 19 * ms
 
 
+def test_the_timeline_and_the_runs_figures_split_a_sample_alike():
+    """The profile's phases (profiling.token_timeline) and the run's stage figures take one split of each
+    sample: the same sample, with the engine's steps, gives the same queue, engine queue, prefill and
+    decode in both; a sample the SUT never stamped as handed over (admitted 0) has no negative queue."""
+    from harness.records.token_metrics import sut_stage_figures
+    from profiling.token_timeline import phases
+    from sut.llm.token_sut import SequenceTimes
+
+    ms = 1_000_000
+    steps = [(0, 4 * ms, 3, 3), (12 * ms, 20 * ms, 1, 9), (20 * ms, 30 * ms, 1, 1)]
+    stamped = SequenceTimes(0, 1 * ms, 2 * ms, [21 * ms, 31 * ms], completed=32 * ms)
+    (seq,) = phases([stamped], steps)
+    parts = seq.parts()
+    figures = sut_stage_figures([(stamped.issued, stamped.admitted, stamped.tokens)], steps)
+    assert (parts["sut_queue"], parts["engine_queue"], parts["prefill"], parts["decode"]) == (1 * ms, 10 * ms, 8 * ms, 10 * ms)
+    assert (figures["queue_p50_ns"], figures["engine_queue_p50_ns"], figures["prefill_p50_ns"],
+            figures["decode_p50_ns"]) == (parts["sut_queue"], parts["engine_queue"], parts["prefill"], parts["decode"])
+    unstamped = SequenceTimes(1, 5 * ms, 0, [21 * ms, 31 * ms], completed=32 * ms)
+    (seq,) = phases([unstamped], steps)
+    assert seq.parts()["sut_queue"] == 0 and seq.admitted == unstamped.issued
+    assert sut_stage_figures([(unstamped.issued, unstamped.admitted, unstamped.tokens)], steps)["queue_p50_ns"] == 0
+
+
 def test_a_report_shows_a_generative_runs_token_figures(tmp_path: Path):
     """The HTML report's token table: TTFT, TPOT and ITL percentiles in ms, tokens/s, goodput, the time
     split; a run without token figures has no row (and a report of such runs no table)."""

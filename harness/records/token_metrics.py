@@ -98,6 +98,16 @@ def engine_clock(admitted: int, tokens: Sequence[int], steps: Sequence[Step], en
     return admitted, tokens[0], tokens[-1]
 
 
+def sample_clock(issued: int, admitted: int, tokens: Sequence[int], steps: Sequence[Step],
+                 ends: Sequence[int]) -> tuple[int, int, int, int]:
+    """(handed to the engine, prefill start, first token, last token) of one sample that made tokens: the one
+    split of a sample's time that the run's figures (sut_stage_figures) and its timeline
+    (profiling.token_timeline) share. A hand-off stamp outside issue..first token (a sample the SUT never
+    stamped) is clamped into it."""
+    admitted = min(max(admitted, issued), tokens[0])
+    return (admitted, *engine_clock(admitted, tokens, steps, ends))
+
+
 def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: Sequence[Step] = ()) -> dict[str, Any]:
     """`samples`: (issued ns, admitted ns, [each token's time ns]); `steps`: the engine's measured steps,
     where it records them (measured_steps). Where a sample's time went, on the SUT's clock: `queue`
@@ -112,8 +122,7 @@ def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: 
     for issued, admitted, times in samples:
         if not times:
             continue
-        admitted = min(max(admitted, issued), times[0])
-        started, first, last = engine_clock(admitted, times, steps, ends)
+        admitted, started, first, last = sample_clock(issued, admitted, times, steps, ends)
         stages["queue"].append(admitted - issued)
         if steps:
             stages["engine_queue"].append(started - admitted)
