@@ -85,27 +85,22 @@ def measured_steps(steps: Sequence[Step] | None, since: int) -> list[Step]:
     return sorted(step for step in steps or () if step[0] >= since)
 
 
-def engine_clock(admitted: int, tokens: Sequence[int], steps: Sequence[Step], ends: Sequence[int]) -> tuple[int, int, int]:
-    """(prefill start, first token, last token) of a sample handed to the engine at `admitted` whose tokens
-    the SUT was handed at `tokens`. Where the engine records its steps (`steps` sorted, `ends` their end
-    times), they are on the engine's clock: the start of the step that made the first token (a token
+def sample_clock(issued: int, admitted: int, tokens: Sequence[int], steps: Sequence[Step],
+                 ends: Sequence[int]) -> tuple[int, int, int, int]:
+    """(handed to the engine, prefill start, first token, last token) of one sample that made tokens, issued
+    at `issued`, handed to the engine at `admitted`, whose tokens the SUT was handed at `tokens`: the one
+    split of a sample's time that the run's figures (sut_stage_figures) and its timeline
+    (profiling.token_timeline) share. A hand-off stamp outside issue..first token (a sample the SUT never
+    stamped) is clamped into it. Where the engine records its steps (`steps` sorted, `ends` their end
+    times), the rest is on the engine's clock: the start of the step that made the first token (a token
     belongs to the last step that ended before the SUT was handed it) and the ends of the steps that made
     the first and last tokens; the engine may hold a sequence in its own queue, and its dispatcher hands
     tokens over after the step. Otherwise (no steps, or none inside the sample) the SUT's stamps."""
+    admitted = min(max(admitted, issued), tokens[0])
     first_step = bisect.bisect_right(ends, tokens[0]) - 1
     if first_step >= 0 and steps[first_step][0] >= admitted:
-        return steps[first_step][0], ends[first_step], ends[bisect.bisect_right(ends, tokens[-1]) - 1]
-    return admitted, tokens[0], tokens[-1]
-
-
-def sample_clock(issued: int, admitted: int, tokens: Sequence[int], steps: Sequence[Step],
-                 ends: Sequence[int]) -> tuple[int, int, int, int]:
-    """(handed to the engine, prefill start, first token, last token) of one sample that made tokens: the one
-    split of a sample's time that the run's figures (sut_stage_figures) and its timeline
-    (profiling.token_timeline) share. A hand-off stamp outside issue..first token (a sample the SUT never
-    stamped) is clamped into it."""
-    admitted = min(max(admitted, issued), tokens[0])
-    return (admitted, *engine_clock(admitted, tokens, steps, ends))
+        return admitted, steps[first_step][0], ends[first_step], ends[bisect.bisect_right(ends, tokens[-1]) - 1]
+    return admitted, admitted, tokens[0], tokens[-1]
 
 
 def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: Sequence[Step] = ()) -> dict[str, Any]:
@@ -114,7 +109,7 @@ def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: 
     (issued until the scheduler gave it to the engine: waiting for room in the batch), `prefill` (the
     prompt's forward steps until its first token, shared with the other sequences of the batch) and
     `decode` (first token to last); with the engine's steps, prefill and decode are on its clock
-    (engine_clock) and `engine_queue` is the time handed to the engine before its prefill began (without
+    (sample_clock) and `engine_queue` is the time handed to the engine before its prefill began (without
     them that time is in prefill). Each as `<stage>_p50_ns`, `_p90_ns`, and the stage's share of all
     samples' time (`<stage>_share`)."""
     stages: dict[str, list[int]] = {"queue": [], "engine_queue": [], "prefill": [], "decode": []}
