@@ -474,6 +474,45 @@ def test_signal_group_reaches_the_whole_group_and_ignores_an_ended_one() -> None
     launcher._signal_group(child, signal.SIGKILL)  # ended and reaped: nothing happens
 
 
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling fallback"])
+def test_the_exit_waiter_gives_the_status_when_the_child_ends_and_none_before(pidfd: bool) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.6); sys.exit(3)"])
+    waiter = launcher._ExitWaiter(child)
+    if not pidfd:
+        waiter.close()  # as where pidfd_open is missing: Popen's own wait
+    try:
+        assert waiter(0.05) is None, "still running"
+        started = time.monotonic()
+        assert waiter(30.0) == 3
+        assert time.monotonic() - started < 10, "returned when the child ended, not at the timeout"
+        assert waiter(0.0) == 3, "an ended child stays ended"
+    finally:
+        waiter.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_the_exit_waiter_sleeps_instead_of_polling() -> None:
+    """The parent waits beside a benchmark: Popen.wait(timeout) wakes about 40 times a second, the
+    pidfd wait only when the child ends or the timeout passes."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    waiter = launcher._ExitWaiter(child)
+    try:
+        if waiter.fd is None:
+            pytest.skip("no pidfd_open here (Linux 5.3+): the launcher polls as Popen does")
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        assert waiter(1.0) is None
+        wakes = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        assert wakes <= 3, f"{wakes} voluntary context switches in a 1 s wait"
+    finally:
+        waiter.close()
+        child.kill()
+        child.wait()
+
+
 # ---- the child's guard --------------------------------------------------------------------------
 
 class FailRecorder:

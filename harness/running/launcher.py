@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -239,13 +240,13 @@ class LocalLauncher:
         restore = _catch_stop_signals(stop)
         deadline = time.monotonic() + request.timeout + self.grace + 5.0
         forwarded = False
+        exited = _ExitWaiter(child)
         try:
             while True:
                 try:
-                    returncode = child.wait(timeout=0.25)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
+                    returncode = exited(min(1.0, max(0.0, deadline - time.monotonic())))
+                    if returncode is not None:
+                        break
                 except _StopRequested:
                     pass
                 if stop and not forwarded:
@@ -258,6 +259,7 @@ class LocalLauncher:
                     break
         finally:
             restore()
+            exited.close()
             if child.poll() is None:  # an exception we did not expect: never leave a run behind
                 _signal_group(child, signal.SIGKILL)
                 child.wait()
@@ -306,6 +308,34 @@ def _catch_stop_signals(stop: list[int]) -> Callable[[], None]:
             signal.signal(sig, old)
 
     return restore
+
+
+class _ExitWaiter:
+    """Waits for the child to end: blocked on a pidfd (Linux), not Popen.wait(timeout), which sleeps
+    and polls, waking this process about 40 times a second; each wake takes a core for a moment
+    from the benchmark running beside it (docs/tuning.md, the harness's own cost)."""
+
+    def __init__(self, child: subprocess.Popen):
+        self.child = child
+        try:
+            self.fd: int | None = os.pidfd_open(child.pid)
+        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3: Popen's polling
+            self.fd = None
+
+    def __call__(self, timeout: float) -> int | None:
+        """The child's exit status once it has ended, None if it is still running after `timeout` s."""
+        if self.fd is None:
+            try:
+                return self.child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        return self.child.wait() if readable else None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:
