@@ -31,6 +31,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
              t["value"], trial_status(t), t["run_id"])
             for i, t in enumerate(found["trials"], 1)]
     print(format_table(("trial", "settings", found["figure"], "status", "run id"), rows))
+    if found.get("confirm_scores"):
+        scores = "; ".join(", ".join(f"{k}={v}" for k, v in sorted(c["settings"].items())) + ": "
+                           + (f"{c['score']:.3f}" if c["score"] is not None else "failed")
+                           for c in found["confirm_scores"])
+        print(f"confirmation, median gain over the start within a round: {scores}")
     best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"
     start, value = found["start_value"], found["value"]
     change = f" ({100 * (value - start) / start:+.1f}% against the starting configuration)" if start else ""

@@ -9,10 +9,11 @@ intra-op threads, the batch size (Offline, Server), workers (Offline, Server, Mu
 ONNX Runtime, the graph optimization level and execution mode. A dimension whose values are ordered
 (threads, batch sizes) stops early on a plateau: two candidates in a row that are not better than
 the best. A candidate must beat the best by more than `MIN_GAIN` to replace it, so noise alone does
-not move the configuration. A best that is not the starting configuration is then confirmed:
-the two run again in turn (`CONFIRM_ROUNDS` rounds, at least), and the start stays unless the best
-still beats it by more than `MIN_GAIN`, since a short trial on a busy machine can be far off. The
-objective is the scenario's headline figure: Offline samples/s
+not move the configuration. A best that is not the starting configuration is then confirmed,
+since a short trial on a busy machine can be far off: the start, the best and up to `RUNNERS_UP`
+near-equals of the best run again in turn (`CONFIRM_ROUNDS` rounds, at least), each scored by its
+median gain over the start within a round, and the start stays unless the top scorer beats it by
+more than `MIN_GAIN`. The objective is the scenario's headline figure: Offline samples/s
 (higher), SingleStream p90 and MultiStream p99 latency (lower). Server's headline, the highest VALID
 rate, would take a rate search per candidate; its objective is instead the p99 latency at the run's
 target_qps (lower), the tail the latency bound is judged on, at the rate the user means to run."""
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -31,7 +33,9 @@ from harness.running.tuned import TUNABLE_SCENARIOS, tuning_key
 
 MIN_GAIN = 0.02  # a candidate replaces the best only when better by more than this fraction
 PLATEAU = 2  # an ordered dimension stops after this many candidates in a row that are not better
-CONFIRM_ROUNDS = 2  # rounds of start-then-best that confirm a best other than the start
+CONFIRM_ROUNDS = 3  # rounds of the start, the best and its runners-up that confirm a best other than the start
+RUNNERS_UP = 2  # searched configurations besides the best that the confirmation rounds run too ...
+RUNNER_UP_MARGIN = 0.05  # ... when their figure came within this fraction of the best's
 OBJECTIVE = {"Offline": ("samples_per_second", True), "SingleStream": ("p90_latency_ns", False),
              "MultiStream": ("p99_latency_ns", False), "Server": ("p99_latency_ns", False)}
 
@@ -61,6 +65,7 @@ class Search:
     trials: list[Trial] = field(default_factory=list)
     best: Trial | None = None
     start: Trial | None = None  # the starting configuration's figure: its first trial, or its confirmed one
+    confirm_scores: list[dict[str, Any]] = field(default_factory=list)  # each contender's median gain over the start
 
     def better(self, value: float | None, than: float | None) -> bool:
         if value is None:
@@ -192,22 +197,55 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     return search
 
 
-def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], rounds: int) -> None:
-    """Run the start and the best in turn, one run each a round; the best stays only when its best run
-    still beats the start's by more than MIN_GAIN, else the start is chosen. Either way the chosen
-    configuration's figure becomes its confirmed one."""
-    best_settings = search.best.settings
-    runs: dict[str, list[Trial]] = {"start": [], "best": []}
-    for _ in range(rounds):
-        runs["start"].append(trial(start, runs=1, phase="confirm"))
-        runs["best"].append(trial(best_settings, runs=1, phase="confirm"))
+def runners_up(search: Search, start: dict[str, Any]) -> list[dict[str, Any]]:
+    """Up to RUNNERS_UP searched configurations, best first, other than the start and the best, whose
+    figure came within RUNNER_UP_MARGIN of the best's: near-equals that one short trial cannot order."""
+    assert search.best is not None and search.best.value is not None
+    best, chosen, seen = search.best.value, [], {json.dumps(start, sort_keys=True),
+                                                  json.dumps(search.best.settings, sort_keys=True)}
+    close = [t for t in search.trials if t.phase == "search" and t.value is not None
+             and abs(t.value - best) <= RUNNER_UP_MARGIN * best]
+    for t in sorted(close, key=lambda t: t.value, reverse=search.higher_is_better):
+        fingerprint = json.dumps(t.settings, sort_keys=True)
+        if fingerprint not in seen and len(chosen) < RUNNERS_UP:
+            seen.add(fingerprint)
+            chosen.append(t.settings)
+    return chosen
 
-    start_top, best_top = search.top(runs["start"]), search.top(runs["best"])
-    search.start = start_top or search.start
-    if best_top is not None and (start_top is None or search.better(best_top.value, start_top.value)):
-        search.best = best_top
-    elif start_top is not None:
-        search.best = start_top
+
+def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], rounds: int) -> None:
+    """Run the start, the best and its runners-up in turn, one run each a round, each round in another
+    order. Each is scored by the median over the rounds of its figure against the start's in the same
+    round: a machine whose speed changes for seconds at a time (docs/tuning.md, "This machine's two
+    speeds") moves one round's runs together, so a ratio within a round holds where the figures of
+    runs far apart do not. The best scorer is chosen when its score beats the start by more than
+    MIN_GAIN, else the start; the chosen configuration's figure becomes its best confirmation run."""
+    assert search.best is not None
+    contenders = [start, search.best.settings, *runners_up(search, start)]
+    runs: list[list[Trial]] = [[] for _ in contenders]
+    for round_number in range(rounds):
+        for offset in range(len(contenders)):
+            which = (round_number + offset) % len(contenders)
+            runs[which].append(trial(contenders[which], runs=1, phase="confirm"))
+
+    def score(which: int) -> float | None:
+        """The median of this contender's gain over the start, round by round (1.0: as fast)."""
+        ratios = [gain(search, mine.value, theirs.value) for mine, theirs in zip(runs[which], runs[0])
+                  if mine.value is not None and theirs.value is not None]
+        return statistics.median(ratios) if ratios else None
+
+    scores = [score(which) for which in range(len(contenders))]
+    search.start = search.top(runs[0]) or search.start
+    search.confirm_scores = [{"settings": contenders[which], "score": scores[which]} for which in range(len(contenders))]
+    leader = max((which for which in range(1, len(contenders)) if scores[which] is not None),
+                 key=lambda which: scores[which], default=None)
+    chosen = leader if leader is not None and scores[leader] > 1.0 + MIN_GAIN else 0
+    search.best = search.top(runs[chosen]) or search.start
+
+
+def gain(search: Search, value: float, than: float) -> float:
+    """How many times better `value` is than `than` by the objective's direction (above 1: better)."""
+    return value / than if search.higher_is_better else than / value
 
 
 def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
@@ -251,4 +289,5 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
                         tuning_id, utc_now())
     return {"key": key, "settings": best, "figure": search.figure, "value": search.best.value,
             "start_value": search.start.value if search.start else None, "trials": [t.describe() for t in search.trials],
+            "confirm_scores": search.confirm_scores,
             "tuning_id": tuning_id}
