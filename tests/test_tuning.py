@@ -129,6 +129,7 @@ def test_a_best_that_does_not_hold_up_when_run_again_gives_way_to_the_start() ->
 
     fluke = search(confirmed_batch8=100.0)
     assert fluke.best.settings == {"max_batch_size": 1} and fluke.best.phase == "confirm"
+    assert fluke.confirmed_gain == 1.0, "the start's own score"
     assert fluke.start is fluke.best and fluke.best.value == 100.0
     held = search(confirmed_batch8=110.0)
     assert held.best.settings == {"max_batch_size": 8} and held.best.phase == "confirm"
@@ -158,7 +159,7 @@ def test_a_near_equal_that_lost_in_the_search_is_run_again_and_can_win() -> None
                                _objective("samples_per_second", throughput, calls), say=lambda _: None)
     assert [c["settings"] for c in search.confirm_scores] == [{"max_batch_size": 8}, {"max_batch_size": 16},
                                                               {"max_batch_size": 4}]
-    assert [c["score"] for c in search.confirm_scores] == [1.0, 1.0, 1.1]
+    assert [c["score"] for c in search.confirm_scores] == [1.0, 1.0, 1.1] and search.confirmed_gain == 1.1
     assert search.best.settings == {"max_batch_size": 4} and search.best.value == 440.0
     assert search.best.phase == "confirm" and search.start.value == 400.0
 
@@ -183,6 +184,7 @@ def test_the_confirmation_compares_within_a_round_not_best_against_best() -> Non
     assert confirm_runs[:2] == ["8", "16"] and len(confirm_runs) == 2 * tuning.CONFIRM_ROUNDS
     assert [round(c["score"], 6) for c in search.confirm_scores] == [1.0, 1.03]
     assert search.best.settings == {"max_batch_size": 16} and search.start.value == 100.0
+    assert round(search.confirmed_gain, 6) == 1.03, "the gain the choice was made on, not best run against best run"
 
 
 @pytest.mark.parametrize("scenario, figure, runs, kept", [
@@ -285,6 +287,8 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
     out = capfd.readouterr().out
     assert "best: " in out and "max_batch_size=64" in out
     assert out.count("ok (confirm)") == 2 * tuning.CONFIRM_ROUNDS, "the confirmation trials are marked"
+    assert "confirmation, median gain over the start within a round: " in out
+    assert "% against the starting configuration, the median within a round)" in out
     with ResultStore(results / "mlharness.sqlite", create=False) as store:
         (stored,) = store.list_tuned()
         assert stored["settings"]["max_batch_size"] == 64 and stored["scenario"] == "Offline"

@@ -37,8 +37,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            for c in found["confirm_scores"])
         print(f"confirmation, median gain over the start within a round: {scores}")
     best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"
-    start, value = found["start_value"], found["value"]
-    change = f" ({100 * (value - start) / start:+.1f}% against the starting configuration)" if start else ""
+    start, value, gain = found["start_value"], found["value"], found.get("confirmed_gain")
+    # Confirmed: the median gain within a round, which the choice was made on (best runs of different
+    # rounds can even disagree in sign with it); else the search's figures.
+    change = (f" ({100 * (gain - 1):+.1f}% against the starting configuration, the median within a round)"
+              if gain is not None else f" ({100 * (value - start) / start:+.1f}% against the starting configuration)"
+              if start else "")
     print(f"best: {best}: {value:,.6g} {found['figure']}{change}")
     print(f"stored as tuning {found['tuning_id']}: later runs of {found['key']['model']} {args.scenario} on "
           f"{found['key']['system_name']} start from it (--no-tuned to ignore it)")

@@ -66,6 +66,7 @@ class Search:
     best: Trial | None = None
     start: Trial | None = None  # the starting configuration's figure: its first trial, or its confirmed one
     confirm_scores: list[dict[str, Any]] = field(default_factory=list)  # each contender's median gain over the start
+    confirmed_gain: float | None = None  # the chosen configuration's score (1.0: the start); None: not confirmed
 
     def better(self, value: float | None, than: float | None) -> bool:
         if value is None:
@@ -241,6 +242,7 @@ def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], 
                  key=lambda which: scores[which], default=None)
     chosen = leader if leader is not None and scores[leader] > 1.0 + MIN_GAIN else 0
     search.best = search.top(runs[chosen]) or search.start
+    search.confirmed_gain = scores[chosen]
 
 
 def gain(search: Search, value: float, than: float) -> float:
@@ -289,5 +291,5 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
                         tuning_id, utc_now())
     return {"key": key, "settings": best, "figure": search.figure, "value": search.best.value,
             "start_value": search.start.value if search.start else None, "trials": [t.describe() for t in search.trials],
-            "confirm_scores": search.confirm_scores,
+            "confirm_scores": search.confirm_scores, "confirmed_gain": search.confirmed_gain,
             "tuning_id": tuning_id}
