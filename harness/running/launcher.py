@@ -313,7 +313,7 @@ def _catch_stop_signals(stop: list[int]) -> Callable[[], None]:
 class _ExitWaiter:
     """Waits for the child to end: blocked on a pidfd (Linux), not Popen.wait(timeout), which sleeps
     and polls, waking this process about 40 times a second; each wake takes a core for a moment
-    from the benchmark running beside it (docs/tuning.md, the harness's own cost)."""
+    from the benchmark running beside it (docs/tuning.md, "This machine's two speeds")."""
 
     def __init__(self, child: subprocess.Popen):
         self.child = child
