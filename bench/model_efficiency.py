@@ -22,8 +22,8 @@ inference_mode (threads as torch.set_num_threads).
   configuration (half the run's length each, one process), and its pair's ratio is over the two
   windows' mean. The grid's best is the highest of many noisy figures and overstates its
   configuration (offline_tuned_vs_best_raw_grid keeps that ratio); the windows measure the machine
-  just before and after the run. On this machine the speed of two threads moves between two levels
-  about 20% apart, for seconds at a time: a pair whose windows differ by more than 8% saw it change,
+  just before and after the run. On this machine the speed of two threads moves between levels 20%
+  or more apart, for seconds at a time: a pair whose windows differ by more than 8% saw it change,
   and is kept in the record but left out of the median. The target is >= 0.98 for every model.
 
 Models: the shipped ones by name, any manifest path, and `light_<name>` for the onnx wheel's light_*
@@ -73,7 +73,7 @@ def thread_counts() -> tuple[int, ...]:
     return tuple(sorted({n for n in (1, 2, available // 2, available) if 1 <= n <= available}))
 WARMUP_RUNS = 3
 # A bracketed pair whose plain windows differ by more than this (over their mean) saw the machine change
-# speed: this machine's windows at one speed agree to within about 4%, and its two speeds are about 20% apart.
+# speed: this machine's windows at one speed agree to within about 4%, and its levels are 20% or more apart.
 MAX_BRACKET_DRIFT = 0.08
 
 
@@ -138,7 +138,7 @@ def plain_loop(model_name: str, batch: int, threads: int, backend: str = "onnxru
 def bracketed_run(spec: dict[str, Any], backend: str) -> dict[str, Any]:
     """The tuned mlharness run between two windows of the plain loop (half its length each), all from
     this process: the run is compared with the machine's speed on both sides of it. This machine's
-    two-thread speed moves between two levels about 20% apart for seconds at a time (docs/tuning.md),
+    two-thread speed moves between levels 20% or more apart for seconds at a time (docs/tuning.md),
     so runs in separate processes tens of seconds apart can each land on either; when both windows
     agree, the run between them most likely saw the same speed."""
     timed = plain_loop(spec["model"], spec["batch"], spec["threads"], backend)
