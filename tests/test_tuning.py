@@ -187,6 +187,24 @@ def test_the_confirmation_compares_within_a_round_not_best_against_best() -> Non
     assert round(search.confirmed_gain, 6) == 1.03, "the gain the choice was made on, not best run against best run"
 
 
+def test_a_best_whose_confirmation_runs_fail_gives_way_to_the_start() -> None:
+    """Batch 16 won its trial, then every confirmation run of it fails: it has no score, and the start
+    is stored with its own."""
+    tried: set[str] = set()
+
+    def throughput(settings: dict) -> float | None:
+        fingerprint = json.dumps(settings, sort_keys=True)
+        if settings == {"max_batch_size": "16"} and fingerprint in tried:
+            return None  # run again: it crashes
+        tried.add(fingerprint)
+        return {"8": 100.0, "16": 110.0}.get(settings["max_batch_size"], 50.0) if len(settings) == 1 else 50.0
+
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 8}, "null", 1,
+                               _objective("samples_per_second", throughput, []), say=lambda _: None)
+    assert [c["score"] for c in search.confirm_scores] == [1.0, None]
+    assert search.best.settings == {"max_batch_size": 8} and search.confirmed_gain == 1.0
+
+
 @pytest.mark.parametrize("scenario, figure, runs, kept", [
     ("Offline", "samples_per_second", [90.0, 100.0, 95.0], 100.0),  # higher is better: the fastest run
     ("SingleStream", "p90_latency_ns", [12.0, 10.0, 11.0], 10.0),  # lower is better: the quickest run

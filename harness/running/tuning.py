@@ -232,7 +232,7 @@ def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], 
     def score(which: int) -> float | None:
         """The median of this contender's gain over the start, round by round (1.0: as fast)."""
         ratios = [gain(search, mine.value, theirs.value) for mine, theirs in zip(runs[which], runs[0])
-                  if mine.value is not None and theirs.value is not None]
+                  if mine.value and theirs.value]  # a run without a figure (or a zero one) has no ratio
         return statistics.median(ratios) if ratios else None
 
     scores = [score(which) for which in range(len(contenders))]
