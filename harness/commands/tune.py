@@ -15,7 +15,7 @@ TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from harness.running.tuned import trial_status
+    from harness.running.tuned import settings_text, trial_status
     from harness.running.tuning import tune
 
     fields = request_fields(args)
@@ -27,16 +27,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
     found = tune(base, repeats=args.repeats)
-    rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())) or "defaults",
-             t["value"], trial_status(t), t["run_id"])
+    rows = [(i, settings_text(t["settings"]) or "defaults", t["value"], trial_status(t), t["run_id"])
             for i, t in enumerate(found["trials"], 1)]
     print(format_table(("trial", "settings", found["figure"], "status", "run id"), rows))
     if found.get("confirm_scores"):
-        scores = "; ".join(", ".join(f"{k}={v}" for k, v in sorted(c["settings"].items())) + ": "
-                           + (f"{c['score']:.3f}" if c["score"] is not None else "failed")
+        scores = "; ".join(settings_text(c["settings"]) + ": " + (f"{c['score']:.3f}" if c["score"] is not None else "failed")
                            for c in found["confirm_scores"])
         print(f"confirmation, median gain over the start within a round: {scores}")
-    best = ", ".join(f"{k}={v}" for k, v in sorted(found["settings"].items())) or "the defaults"
+    best = settings_text(found["settings"]) or "the defaults"
     start, value, gain = found["start_value"], found["value"], found.get("confirmed_gain")
     # Confirmed: the median gain within a round, which the choice was made on (best runs of different
     # rounds can even disagree in sign with it); else the search's figures.

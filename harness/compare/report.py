@@ -390,7 +390,7 @@ def tuning_report(store: Any, out_dir: Path) -> Path:
     """Every tuned configuration (`mlharness tune`): its search as a table and a chart of each trial's
     figure, the trials' runs below."""
     from harness.errors import UserError
-    from harness.running.tuned import trial_status
+    from harness.running.tuned import settings_text, trial_status
 
     tuned = store.list_tuned()
     if not tuned:
@@ -399,10 +399,10 @@ def tuning_report(store: Any, out_dir: Path) -> Path:
     sections, records = [], []
     for index, entry in enumerate(tuned):
         trials = json.loads(entry.get("trials_json") or "[]")
-        rows = [(i, ", ".join(f"{k}={v}" for k, v in sorted(t["settings"].items())), t["value"],
+        rows = [(i, settings_text(t["settings"]), t["value"],
                  trial_status(t), t["run_id"])
                 for i, t in enumerate(trials, 1)]
-        best = ", ".join(f"{k}={v}" for k, v in sorted(entry["settings"].items()))
+        best = settings_text(entry["settings"])
         body = (f"<p>{html.escape(entry['system_name'])}, {html.escape(entry['backend'])}: best {html.escape(best)} "
                 f"({html.escape(str(entry['figure_name']))} {format_value(entry['figure_value'])}), "
                 f"tuning {html.escape(str(entry['tuning_id']))}</p>"

@@ -51,3 +51,8 @@ def untuned_note(model: str, scenario: str, system_name: str) -> str:
 def trial_status(trial: dict[str, Any]) -> str:
     """A stored trial's status as the tune table and the report show it: confirmation runs marked."""
     return trial["status"] + (" (confirm)" if trial.get("phase") == "confirm" else "")
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    """Tuned settings as the tune table, its summary and the report show them: `key=value, ...`, sorted."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))

@@ -76,6 +76,10 @@ class Search:
         gain = (value - than) / than if self.higher_is_better else (than - value) / than
         return gain > MIN_GAIN
 
+    def gain(self, value: float, than: float) -> float:
+        """How many times better `value` is than `than` by the objective's direction (above 1: better)."""
+        return value / than if self.higher_is_better else than / value
+
     def top(self, trials: list[Trial]) -> Trial | None:
         """The trial with the best figure (by the objective's direction); None when none has one."""
         measured = [t for t in trials if t.value is not None]
@@ -231,7 +235,7 @@ def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], 
 
     def score(which: int) -> float | None:
         """The median of this contender's gain over the start, round by round (1.0: as fast)."""
-        ratios = [gain(search, mine.value, theirs.value) for mine, theirs in zip(runs[which], runs[0])
+        ratios = [search.gain(mine.value, theirs.value) for mine, theirs in zip(runs[which], runs[0])
                   if mine.value and theirs.value]  # a run without a figure (or a zero one) has no ratio
         return statistics.median(ratios) if ratios else None
 
@@ -243,11 +247,6 @@ def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], 
     chosen = leader if leader is not None and scores[leader] > 1.0 + MIN_GAIN else 0
     search.best = search.top(runs[chosen]) or search.start
     search.confirmed_gain = scores[chosen]
-
-
-def gain(search: Search, value: float, than: float) -> float:
-    """How many times better `value` is than `than` by the objective's direction (above 1: better)."""
-    return value / than if search.higher_is_better else than / value
 
 
 def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
