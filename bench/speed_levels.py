@@ -3,7 +3,7 @@ harness's graph and samples in a session of our own) timed in short windows, at 
 in turn, so a change of the machine's speed in the middle of a measurement shows as windows at two
 levels rather than as a noisy figure.
 
-On the 2-core machines this project is measured on, one thread ran at one level (windows within 1%)
+On the 2-core machines this project is measured on, one thread ran at one level (windows within 3%)
 while two threads moved between two levels about 20% apart, each held for seconds
 (docs/tuning.md, "This machine's two speeds"): a comparison of two runs taken tens of seconds apart,
 as the confirming pairs of bench/model_efficiency.py, can land each run on either level.
