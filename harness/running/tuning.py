@@ -10,8 +10,8 @@ ONNX Runtime, the graph optimization level and execution mode. A dimension whose
 (threads, batch sizes) stops early on a plateau: two candidates in a row that are not better than
 the best. A candidate must beat the best by more than `MIN_GAIN` to replace it, so noise alone does
 not move the configuration. A best that is not the starting configuration is then confirmed,
-since a short trial on a busy machine can be far off: the start, the best and up to `RUNNERS_UP`
-near-equals of the best run again in turn (`CONFIRM_ROUNDS` rounds, at least), each scored by its
+since a short trial on a busy machine can be far off: the start, the best, the best with the next
+smaller and larger batch size, and up to `RUNNERS_UP` near-equals of the best run again in turn (`CONFIRM_ROUNDS` rounds, at least), each scored by its
 median gain over the start within a round, and the start stays unless the top scorer beats it by
 more than `MIN_GAIN`. The objective is the scenario's headline figure: Offline samples/s
 (higher), SingleStream p90 and MultiStream p99 latency (lower). Server's headline, the highest VALID
@@ -198,8 +198,26 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                     if ordered and misses[way] >= PLATEAU:
                         queue.clear()
     if search.best.settings != start:
-        confirm(search, start, trial, max(CONFIRM_ROUNDS, repeats))
+        batches = next((values for key, values, _ in dimensions(base.scenario, backend, cpus, start)
+                        if key == "max_batch_size"), [])
+        confirm(search, contenders_of(search, start, batches), trial, max(CONFIRM_ROUNDS, repeats))
     return search
+
+
+def batch_neighbours(search: Search, batches: list[int]) -> list[dict[str, Any]]:
+    """The best configuration with the next smaller and the next larger batch size (`batches`, the
+    searched values), unless that configuration failed in the search. Throughput flattens near its
+    best batch size, so the neighbours are near-equals by nature, and a single short trial of one
+    of them, taken in a slow spell, would otherwise keep it out of the confirmation."""
+    assert search.best is not None
+    batch = search.best.settings.get("max_batch_size")
+    if batch not in batches:
+        return []
+    failed = {json.dumps(t.settings, sort_keys=True) for t in search.trials if t.value is None}
+    at = batches.index(batch)
+    steps = [batches[i] for i in (at - 1, at + 1) if 0 <= i < len(batches)]
+    found = [dict(search.best.settings, max_batch_size=step) for step in steps]
+    return [settings for settings in found if json.dumps(settings, sort_keys=True) not in failed]
 
 
 def runners_up(search: Search, start: dict[str, Any]) -> list[dict[str, Any]]:
@@ -218,15 +236,25 @@ def runners_up(search: Search, start: dict[str, Any]) -> list[dict[str, Any]]:
     return chosen
 
 
-def confirm(search: Search, start: dict[str, Any], trial: Callable[..., Trial], rounds: int) -> None:
-    """Run the start, the best and its runners-up in turn, one run each a round, each round in another
-    order. Each is scored by the median over the rounds of its figure against the start's in the same
-    round: a machine whose speed changes for seconds at a time (docs/tuning.md, "This machine's two
+def contenders_of(search: Search, start: dict[str, Any], batches: list[int]) -> list[dict[str, Any]]:
+    """What the confirmation runs: the start, the best, the best's batch-size neighbours and its
+    runners-up, each once."""
+    assert search.best is not None
+    found: list[dict[str, Any]] = []
+    for settings in (start, search.best.settings, *batch_neighbours(search, batches), *runners_up(search, start)):
+        if settings not in found:
+            found.append(settings)
+    return found
+
+
+def confirm(search: Search, contenders: list[dict[str, Any]], trial: Callable[..., Trial], rounds: int) -> None:
+    """Run the contenders (the start first, then the best: contenders_of) in turn, one run each a
+    round, each round in another order. Each is scored by the median over the rounds of its figure
+    against the start's in the same round: a machine whose speed changes for seconds at a time (docs/tuning.md, "This machine's two
     speeds") moves one round's runs together, so a ratio within a round holds where the figures of
     runs far apart do not. The best scorer is chosen when its score beats the start by more than
     MIN_GAIN, else the start; the chosen configuration's figure becomes its best confirmation run."""
     assert search.best is not None
-    contenders = [start, search.best.settings, *runners_up(search, start)]
     runs: list[list[Trial]] = [[] for _ in contenders]
     for round_number in range(rounds):
         for offset in range(len(contenders)):
