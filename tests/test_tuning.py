@@ -204,6 +204,21 @@ def test_the_best_batch_sizes_neighbours_are_run_again_whatever_their_search_tri
     assert failed.best.settings == {"max_batch_size": 8}, "4 is 1% ahead of the start, within the noise margin"
 
 
+def test_of_contenders_the_rounds_cannot_order_the_smallest_batch_is_kept() -> None:
+    """mobilenet-v2's confirmation in one bench run (2026-11-24): batch 16, 4 and 2 at 2 threads
+    scored 1.041, 1.040 and 1.039 over the start, batch 8 at 2 threads 1.016. The three are within
+    MIN_GAIN of each other: the smallest batch is kept. A contender further than MIN_GAIN below the
+    top, or not MIN_GAIN ahead of the start, is not."""
+    contenders = [{"max_batch_size": 8, "intra_op_threads": 0}, *({"max_batch_size": b, "intra_op_threads": 2}
+                                                                 for b in (16, 4, 2, 8))]
+    assert tuning.parsimonious_choice(contenders, [1.0, 1.041, 1.040, 1.039, 1.016]) == 3  # batch 2
+    assert tuning.parsimonious_choice(contenders, [1.0, 1.10, 1.040, 1.039, 1.016]) == 1  # 16 clearly ahead
+    assert tuning.parsimonious_choice(contenders, [1.0, 1.041, 1.040, 1.019, None]) == 2  # 2 not 2% over the start
+    assert tuning.parsimonious_choice(contenders, [1.0, 1.02, 1.01, None, 0.9]) == 0  # none ahead: the start
+    # equal batch sizes (or none, as in SingleStream): the higher score
+    assert tuning.parsimonious_choice([{}, {"workers": 1}, {"workers": 2}], [1.0, 1.05, 1.06]) == 2
+
+
 def test_the_confirmation_compares_within_a_round_not_best_against_best() -> None:
     """Batch 16 is 3% faster than the start. The machine slows to 60% just after the confirmation's
     first run (the start's) and stays slow: the start's best run (100, at full speed) is above any of

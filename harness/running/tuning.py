@@ -1,22 +1,24 @@
 """`mlharness tune`: the settings a model runs best with on this system, found by short LoadGen runs
-and kept in the results database, so that later runs of the model here start from them (the
-settings layer "tuned", between the model manifest and presets; `--no-tuned` skips it).
+and kept in the results database, so that later runs of the model here start from them (the settings
+layer "tuned", between the model manifest and presets; `--no-tuned` skips it).
 
 The search is coordinate descent from the manifest's defaults. One dimension at a time, each
 candidate value is tried in a short LoadGen run (a run of its own, in the results tree and the
 database) with the best values found so far for the other dimensions. The dimensions are the
-intra-op threads, the batch size (Offline, Server), workers (Offline, Server, MultiStream) and, on
-ONNX Runtime, the graph optimization level and execution mode. A dimension whose values are ordered
+intra-op threads, the batch size (Offline, Server), workers (Offline, Server, MultiStream) and, on ONNX
+Runtime, the graph optimization level and execution mode. A dimension whose values are ordered
 (threads, batch sizes) stops early on a plateau: two candidates in a row that are not better than
 the best. A candidate must beat the best by more than `MIN_GAIN` to replace it, so noise alone does
-not move the configuration. A best that is not the starting configuration is then confirmed,
-since a short trial on a busy machine can be far off: the start, the best, the best with the next
-smaller and larger batch size, and up to `RUNNERS_UP` near-equals of the best run again in turn (`CONFIRM_ROUNDS` rounds, at least), each scored by its
-median gain over the start within a round, and the start stays unless the top scorer beats it by
-more than `MIN_GAIN`. The objective is the scenario's headline figure: Offline samples/s
-(higher), SingleStream p90 and MultiStream p99 latency (lower). Server's headline, the highest VALID
-rate, would take a rate search per candidate; its objective is instead the p99 latency at the run's
-target_qps (lower), the tail the latency bound is judged on, at the rate the user means to run."""
+not move the configuration. A best that is not the starting configuration is then confirmed, since a
+short trial on a busy machine can be far off: the start, the best, the best with the next smaller
+and larger batch size, and up to `RUNNERS_UP` near-equals of the best run again in turn
+(`CONFIRM_ROUNDS` rounds, at least), each scored by its median gain over the start within a round;
+the start stays unless one beats it by more than `MIN_GAIN`, and of near-equal winners the smallest
+batch is kept (`parsimonious_choice`). The objective is the scenario's headline figure: Offline
+samples/s (higher), SingleStream p90 and MultiStream p99 latency (lower). Server's headline, the
+highest VALID rate, would take a rate search per candidate; its objective is instead the p99 latency
+at the run's target_qps (lower), the tail the latency bound is judged on, at the rate the user means
+to run."""
 from __future__ import annotations
 
 import json
@@ -248,12 +250,13 @@ def contenders_of(search: Search, start: dict[str, Any], batches: list[int]) -> 
 
 
 def confirm(search: Search, contenders: list[dict[str, Any]], trial: Callable[..., Trial], rounds: int) -> None:
-    """Run the contenders (the start first, then the best: contenders_of) in turn, one run each a
-    round, each round in another order. Each is scored by the median over the rounds of its figure
-    against the start's in the same round: a machine whose speed changes for seconds at a time (docs/tuning.md, "This machine's two
-    speeds") moves one round's runs together, so a ratio within a round holds where the figures of
-    runs far apart do not. The best scorer is chosen when its score beats the start by more than
-    MIN_GAIN, else the start; the chosen configuration's figure becomes its best confirmation run."""
+    """Run the contenders (the start first, then the best: contenders_of) in turn, one run each a round,
+    each round in another order. Each is scored by the median over the rounds of its figure against the
+    start's in the same round: a machine whose speed changes for seconds at a time (docs/tuning.md, "This
+    machine's two speeds") moves one round's runs together, so a ratio within a round holds where the
+    figures of runs far apart do not. The start is kept unless a contender beats it by more than MIN_GAIN;
+    of those that do, parsimonious_choice picks. The chosen configuration's figure becomes its best
+    confirmation run."""
     assert search.best is not None
     runs: list[list[Trial]] = [[] for _ in contenders]
     for round_number in range(rounds):
@@ -270,11 +273,25 @@ def confirm(search: Search, contenders: list[dict[str, Any]], trial: Callable[..
     scores = [score(which) for which in range(len(contenders))]
     search.start = search.top(runs[0]) or search.start
     search.confirm_scores = [{"settings": contenders[which], "score": scores[which]} for which in range(len(contenders))]
-    leader = max((which for which in range(1, len(contenders)) if scores[which] is not None),
-                 key=lambda which: scores[which], default=None)
-    chosen = leader if leader is not None and scores[leader] > 1.0 + MIN_GAIN else 0
+    chosen = parsimonious_choice(contenders, scores)
     search.best = search.top(runs[chosen]) or search.start
     search.confirmed_gain = scores[chosen]
+
+
+def parsimonious_choice(contenders: list[dict[str, Any]], scores: list[float | None]) -> int:
+    """Which contender to keep (0: the start, whose score is 1.0). None beats the start by more than
+    MIN_GAIN: the start. Else, of those that do and come within MIN_GAIN of the top score, which
+    the rounds cannot order, the one with the smallest batch size (the higher score among equal
+    ones): at the same speed a smaller batch holds less memory and answers each sample sooner, and
+    past the best batch size throughput falls as the batch outgrows the caches. (As model selection's
+    one-standard-error rule: the simplest choice within noise of the best.)"""
+    ahead = [which for which in range(1, len(contenders))
+             if scores[which] is not None and scores[which] > 1.0 + MIN_GAIN]
+    if not ahead:
+        return 0
+    top = max(scores[which] for which in ahead)
+    tied = [which for which in ahead if top / scores[which] <= 1.0 + MIN_GAIN]
+    return min(tied, key=lambda which: (contenders[which].get("max_batch_size") or 0, -scores[which]))
 
 
 def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
