@@ -16,7 +16,7 @@ TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from harness.running.tuned import settings_text, trial_status
-    from harness.running.tuning import tune
+    from harness.running.tuning import MIN_GAIN, tune
 
     fields = request_fields(args)
     trial = (f"min_duration={int(args.trial_seconds * 1000)}", *TRIAL_SETTINGS.get(args.scenario, ()))
@@ -33,7 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if found.get("confirm_scores"):
         scores = "; ".join(settings_text(c["settings"]) + ": " + (f"{c['score']:.3f}" if c["score"] is not None else "failed")
                            for c in found["confirm_scores"])
-        print(f"confirmation, median gain over the start within a round: {scores}")
+        print(f"confirmation, median gain over the start within a round: {scores} (kept: the start unless one "
+              f"is {MIN_GAIN:.0%} ahead; of those within {MIN_GAIN:.0%} of the top score, the smallest batch)")
     best = settings_text(found["settings"]) or "the defaults"
     start, value, gain = found["start_value"], found["value"], found.get("confirmed_gain")
     # Confirmed: the median gain within a round, which the choice was made on (best runs of different

@@ -283,8 +283,8 @@ def parsimonious_choice(contenders: list[dict[str, Any]], scores: list[float | N
     MIN_GAIN: the start. Else, of those that do and come within MIN_GAIN of the top score, which
     the rounds cannot order, the one with the smallest batch size (the higher score among equal
     ones): at the same speed a smaller batch holds less memory and answers each sample sooner, and
-    past the best batch size throughput falls as the batch outgrows the caches. (As model selection's
-    one-standard-error rule: the simplest choice within noise of the best.)"""
+    past the best batch size a plain loop's throughput falls (mobilenet-v2: docs/tuning.md). As model
+    selection's one-standard-error rule: the simplest choice within noise of the best."""
     ahead = [which for which in range(1, len(contenders))
              if scores[which] is not None and scores[which] > 1.0 + MIN_GAIN]
     if not ahead:
