@@ -105,6 +105,12 @@ def test_a_candidate_must_beat_the_best_by_more_than_the_noise_margin() -> None:
 
     noise = search({"0": 1000.0, "1": 1015.0, "2": 1010.0})  # +1.5% and +1%: noise, the start stays
     assert noise.best.settings == {"intra_op_threads": 0} and noise.figure == "singlestream.p90_latency_ns"
+    # the search ended at the start; its near-equals were run again against it, and still are not ahead
+    assert [c["settings"] for c in noise.confirm_scores] == [{"intra_op_threads": 0}, {"intra_op_threads": 1},
+                                                             {"intra_op_threads": 2}]
+    assert noise.confirmed_gain == 1.0
+    alone = search({"0": 1000.0, "1": 500.0, "2": 500.0})  # nothing near the start: nothing to confirm
+    assert alone.best.settings == {"intra_op_threads": 0} and not alone.confirm_scores and len(alone.trials) == 3
     gain = search({"0": 1000.0, "1": 1015.0, "2": 1030.0})  # +3%: a gain
     assert gain.best.settings == {"intra_op_threads": 2}
     # confirmed with its runner-up (1 thread, within 5%) against the start
@@ -217,6 +223,28 @@ def test_of_contenders_the_rounds_cannot_order_the_smallest_batch_is_kept() -> N
     assert tuning.parsimonious_choice(contenders, [1.0, 1.02, 1.01, None, 0.9]) == 0  # none ahead: the start
     # equal batch sizes (or none, as in SingleStream): the higher score
     assert tuning.parsimonious_choice([{}, {"workers": 1}, {"workers": 2}], [1.0, 1.05, 1.06]) == 2
+
+
+def test_a_search_that_ends_at_the_start_is_confirmed_against_its_neighbours() -> None:
+    """mobilenet-v2 (2026-11-24): no trial beat the manifest's batch 8 by 2%, so the search ended where
+    it began, and batch 4, a few percent faster, was never run again. Now the start's batch-size
+    neighbours are run against it round by round: batch 4 is 10% ahead and kept."""
+    seen: set[str] = set()
+
+    def throughput(settings: dict) -> float:
+        if set(settings) != {"max_batch_size"}:
+            return 300.0  # other threads or workers: slower
+        batch = settings["max_batch_size"]
+        if batch in seen or batch == "8":
+            return {"8": 400.0, "4": 440.0, "16": 380.0}.get(batch, 300.0)
+        seen.add(batch)
+        return {"4": 405.0, "16": 390.0}.get(batch, 300.0)  # 4's one search trial in a slow spell
+
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 8}, "null", 1,
+                               _objective("samples_per_second", throughput, []), say=lambda _: None)
+    assert [c["settings"] for c in search.confirm_scores] == [{"max_batch_size": 8}, {"max_batch_size": 4},
+                                                              {"max_batch_size": 16}]
+    assert search.best.settings == {"max_batch_size": 4} and search.confirmed_gain == 1.1
 
 
 def test_the_confirmation_compares_within_a_round_not_best_against_best() -> None:
