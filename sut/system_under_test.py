@@ -204,19 +204,22 @@ class SystemUnderTest(FirstFailure):
 
     def end_serving(self) -> None:
         """The test is over: `serve_here` returns once what was queued before this is served."""
-        if self.issue_queue is not None:
-            self.issue_queue.close()
-        else:
-            self._queue.put(None)
+        self._close_intake(1)
 
     def stop(self) -> None:
-        if self.issue_queue is not None:
-            self.issue_queue.close()
-        for _ in self._threads:
-            self._queue.put(None)
+        self._close_intake(len(self._threads))
         for thread in self._threads:
             thread.join()
         self._threads.clear()
+
+    def _close_intake(self, workers: int) -> None:
+        """No queries after this: the native issue queue closes (every worker taking from it returns),
+        or the Python queue gets an end mark for each of `workers`, behind what is already queued."""
+        if self.issue_queue is not None:
+            self.issue_queue.close()
+        else:
+            for _ in range(workers):
+                self._queue.put(None)
 
     # work ---------------------------------------------------------------------------------------
     def _serve(self, worker: int) -> None:
