@@ -177,7 +177,8 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     if search.best.value is None:
         raise UserError(f"tune: the starting configuration failed: {search.best.error}")
     tried = {json.dumps(current, sort_keys=True)}
-    for key, values, ordered in dimensions(base.scenario, backend, cpus, start):
+    searched = dimensions(base.scenario, backend, cpus, start)
+    for key, values, ordered in searched:
         # An ordered dimension is walked outward from the current value, a step down and a step up in
         # turn, each direction ending on a plateau: from batch 8 the neighbours 4 and 16 come first
         # (walking up from 1 ended at 2 before 4 was ever tried). An unordered one tries every value.
@@ -202,8 +203,7 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     # Confirmed even when the search ends where it began: a near-equal of the start, or its batch-size
     # neighbour, may be ahead by less than one short trial can show (mobilenet-v2's batch 4 against
     # the manifest's 8, docs/tuning.md).
-    batches = next((values for key, values, _ in dimensions(base.scenario, backend, cpus, start)
-                    if key == "max_batch_size"), [])
+    batches = next((values for key, values, _ in searched if key == "max_batch_size"), [])
     contenders = contenders_of(search, start, batches)
     if len(contenders) > 1:
         confirm(search, contenders, trial, max(CONFIRM_ROUNDS, repeats))
