@@ -21,7 +21,8 @@ import numpy as np
 from specs.manifests import TensorSpec
 from sut.backends.base import Backend
 from sut.handoff import Handoff
-from sut.processing import ProcessingContext, batch_result_function
+from sut.output_groups import OutputGroup
+from sut.processing import ProcessingContext, batch_result_function, takes_inputs
 from sut.staging import SampleError, StagedSamples, declared_text, got_text
 
 INLINE_SCENARIOS = ("SingleStream",)
@@ -112,7 +113,8 @@ class SystemUnderTest(FirstFailure):
                  postprocess: Callable[[dict[str, np.ndarray], ProcessingContext], Any] | None,
                  ctx: ProcessingContext, max_batch_size: int = 1, workers: int = 1,
                  observer: BatchObserver | None = None, result_spec: TensorSpec | None = None,
-                 issue_queue: Any = None, batch_wait_s: float = 0.0, serve_on_caller: bool = False):
+                 issue_queue: Any = None, batch_wait_s: float = 0.0, serve_on_caller: bool = False,
+                 postprocess_group_rows: int = 0):
         self.backend = backend
         self.staged = staged
         self.handoff = handoff
@@ -139,6 +141,13 @@ class SystemUnderTest(FirstFailure):
         self._threads: list[threading.Thread] = []
         self._fail_lock = threading.Lock()
         self._batch_buffers = [dict() for _ in range(self.workers + 1)]  # per worker; the last is inline
+        # Offline: each worker holds batches' outputs and postprocesses and completes them together,
+        # up to this many rows (sut.output_groups). Not for a postprocess that reads the batch's
+        # inputs (they are not held), nor under an observer (its spans are per batch).
+        groups = scenario == "Offline" and not self.inline and observer is None and not takes_inputs(postprocess) \
+            and int(postprocess_group_rows) > self.max_batch_size
+        self.postprocess_group_rows = int(postprocess_group_rows) if groups else 0
+        self._groups = [OutputGroup(self.postprocess_group_rows) for _ in range(self.workers)] if groups else None
         # Samples staged on a GPU gather their batches there (sut.device_staging); the CPU path is untouched.
         device_gather = getattr(staged, "device_gather", None)
         if device_gather is not None:
@@ -224,9 +233,19 @@ class SystemUnderTest(FirstFailure):
     # work ---------------------------------------------------------------------------------------
     def _serve(self, worker: int) -> None:
         get = self._queue.get
+        group = self._groups[worker] if self._groups is not None else None
         while True:
-            item = get()
+            if group is not None and group.rows:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:  # nothing waiting: answer what is held before blocking
+                    self._finish_group(worker, group)
+                    item = get()
+            else:
+                item = get()
             if item is None:
+                if group is not None:
+                    self._finish_group(worker, group)
                 return
             ids, indices, issued = item
             # Coalesce what is already waiting (Server) up to the batch limit; never wait for more.
@@ -245,9 +264,11 @@ class SystemUnderTest(FirstFailure):
                     self._queue.put((ids[self.max_batch_size:], indices[self.max_batch_size:], more[2]))
                     ids, indices = ids[: self.max_batch_size], indices[: self.max_batch_size]
             if self.failure is not None:
+                if group is not None:
+                    self._finish_group(worker, group)
                 self._complete_empty(ids)
             else:
-                self._run_batch(worker, ids, indices, issued)
+                self._run_batch(worker, ids, indices, issued, group)
 
     def _serve_native(self, worker: int) -> None:
         """A worker of the native issue path: batches from the IssueQueue, taken with the GIL released."""
@@ -281,7 +302,8 @@ class SystemUnderTest(FirstFailure):
             feed[name] = out
         return feed
 
-    def _run_batch(self, worker: int, query_ids: list[int], sample_indices: list[int], issued: int) -> None:
+    def _run_batch(self, worker: int, query_ids: list[int], sample_indices: list[int], issued: int,
+                   group: OutputGroup | None = None) -> None:
         observed = self.observer is not None
         clock = time.perf_counter_ns
         started = clock() if observed else 0
@@ -296,12 +318,9 @@ class SystemUnderTest(FirstFailure):
             outputs = self.backend.predict(feed)
             predicted = clock() if observed else 0
             stage = "postprocess"
-            result = self.result_of(outputs, self.ctx, feed)
-            if self.result_contract is not None:
-                self.result_contract.check(result, sample_indices)
-            result = np.ascontiguousarray(result)
-            if result.ndim == 0 or result.shape[0] != len(query_ids):
-                raise ValueError(f"expected a result with {len(query_ids)} rows (one per sample), got shape {result.shape}")
+            if group is not None and self._hold(worker, group, query_ids, sample_indices, outputs):
+                return
+            result = self._result_rows(outputs, feed, sample_indices)
             postprocessed = clock() if observed else 0
             stage = "complete"
             self.handoff.complete(query_ids, result)
@@ -313,6 +332,48 @@ class SystemUnderTest(FirstFailure):
         if observed:
             self.observer.batch(BatchTimes(worker, sample_indices, issued, started, gathered, predicted,
                                            postprocessed, clock()))
+
+    def _result_rows(self, outputs: dict[str, Any], feed: dict[str, Any] | None, sample_indices: list[int]) -> np.ndarray:
+        """The postprocess's result for these outputs, checked against the manifest: one row per sample."""
+        result = self.result_of(outputs, self.ctx, feed)
+        if self.result_contract is not None:
+            self.result_contract.check(result, sample_indices)
+        result = np.ascontiguousarray(result)
+        if result.ndim == 0 or result.shape[0] != len(sample_indices):
+            raise ValueError(f"expected a result with {len(sample_indices)} rows (one per sample), got shape {result.shape}")
+        return result
+
+    def _hold(self, worker: int, group: OutputGroup, query_ids: list[int], sample_indices: list[int],
+              outputs: dict[str, Any]) -> bool:
+        """Offline: the batch's outputs join the worker's group, which is answered when it has no room
+        for them, when nothing more is waiting, and at the end; False when they cannot be held, and the
+        batch is answered alone."""
+        if group.take(query_ids, sample_indices, outputs):
+            return True
+        if not group.rows:
+            return False
+        self._finish_group(worker, group)  # no room, or other shapes than those held: answer the held ones
+        return group.take(query_ids, sample_indices, outputs)
+
+    def _finish_group(self, worker: int, group: OutputGroup) -> None:
+        """Postprocess and complete the held batches in one call; after a failure, complete them empty."""
+        if not group.rows:
+            return
+        ids, indices = group.ids, group.indices
+        stage = "postprocess"
+        try:
+            if self.failure is not None:
+                self._complete_empty(ids)
+                return
+            result = self._result_rows(group.outputs(), None, indices)
+            stage = "complete"
+            self.handoff.complete(ids, result)  # LoadGen has read the rows when this returns
+            self._completed[worker] += len(ids)
+        except BaseException as exc:  # user code may raise anything; the run must end, not hang
+            self._fail(indices, stage, exc)
+            self._complete_empty(ids)
+        finally:
+            group.clear()
 
     def _complete_empty(self, query_ids: Sequence[int]) -> None:
         lg = self._lg

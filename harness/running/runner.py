@@ -516,10 +516,12 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                               max_batch_size=options["max_batch_size"], workers=options["workers"],
                               observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
                               issue_queue=issue_queue, batch_wait_s=wait["batch_wait_ms"] / 1e3,
+                              postprocess_group_rows=int(options["postprocess_group_rows"]),
                               # not under a profile: its tracers follow the SUT's worker threads
                               serve_on_caller=profile is None and getattr(runtime.backend, "prefers_caller_thread", False))
         if facts is not None:
-            facts.update(served_on="caller" if sut.serve_on_caller else "workers")
+            facts.update(served_on="caller" if sut.serve_on_caller else "workers",
+                         postprocess_group_rows=sut.postprocess_group_rows)
     if guard is not None:
         guard.attach_sut(sut)
     load_timeout = float(options.get("load_timeout") or 0)

@@ -22,5 +22,6 @@ LOADGEN_KEYS = frozenset({
 HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inter_op_threads",
                           "enable_trace", "dataset_limit", "warmup_queries", "warmup_seconds",
                           "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms",
+                          "postprocess_group_rows",
                           "cuda_graphs",  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
                           "llm_batching"})  # llm_batching: a generative model's scheduling (docs/llm.md)

@@ -22,10 +22,12 @@ CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extend
                                            "llm_batching": ("continuous", "static")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
-                                    "batch_wait_ms": 0.0, "llm_batching": "continuous"}
+                                    "batch_wait_ms": 0.0, "llm_batching": "continuous",
+                                    # Offline: rows whose outputs are postprocessed together (sut.output_groups)
+                                    "postprocess_group_rows": 64}
 _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms"})
 _ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
-                           "batch_wait_ms"})
+                           "batch_wait_ms", "postprocess_group_rows"})
 # What a submission must not override (checked by the packager and recorded here).
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",
