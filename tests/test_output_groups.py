@@ -16,7 +16,16 @@ from sut.output_groups import MAX_GROUP_BYTES, OutputGroup
 from sut.processing import ProcessingContext
 from sut.staging import SampleError
 from sut.system_under_test import SystemUnderTest
-from tests.test_sut_mutants import MODEL, Observer, RecordingCompletion, _answered, _loadgen, _parts, _sut
+from tests.test_sut_mutants import (
+    MODEL,
+    Observer,
+    RecordingCompletion,
+    _answered,
+    _loadgen,
+    _parts,
+    _serve_until_answered,
+    _sut,
+)
 
 
 class Calls:
@@ -54,12 +63,7 @@ def test_offline_batches_are_postprocessed_in_groups_and_each_sample_gets_its_ow
     sut, handoff = _grouped(staged, backend, ctx, calls, max_batch_size=2, rows=8)
     assert sut.postprocess_group_rows == 8
     sut.issue_query([100 + i for i in range(16)], list(range(16)))  # all queued before the worker starts
-    sut.start()
-    try:
-        handoff.wait_for(16)
-    finally:
-        sut.stop()
-    assert sut.failure is None, sut.failure
+    _serve_until_answered(sut, handoff, 16)
     assert [len(batch) for batch in backend.batches()] == [2] * 8
     assert [len(rows) for rows in calls.rows] == [8, 8]
     assert sorted(i for rows in calls.rows for i in rows) == list(range(16))
@@ -120,12 +124,7 @@ def test_held_outputs_are_copies_so_a_backend_may_reuse_its_output_buffer() -> N
     backend.predict = predict_into_one_buffer  # type: ignore[method-assign]
     sut, handoff = _grouped(staged, backend, ctx, None, max_batch_size=2, rows=8)
     sut.issue_query([20 + i for i in range(8)], list(range(8)))
-    sut.start()
-    try:
-        handoff.wait_for(8)
-    finally:
-        sut.stop()
-    assert sut.failure is None, sut.failure
+    _serve_until_answered(sut, handoff, 8)
     assert handoff.completed == {20 + i: [i] for i in range(8)}
 
 
