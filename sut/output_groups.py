@@ -7,7 +7,8 @@ sample completes, so holding results for a few batches costs nothing there.
 
 Each batch's outputs are copied into the group's own buffers (a backend may reuse its output
 buffers from one run to the next); a batch whose outputs do not fit the group's row shapes, or are
-not numpy arrays, is not taken and the caller finishes the group first."""
+not numpy arrays, is not taken and the caller finishes the group first. The caller also answers the
+held batches one by one when the postprocess fails on the group (`batches`, `disabled`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,13 +30,17 @@ class OutputGroup:
         self.rows = 0
         self._buffers: dict[str, np.ndarray] = {}
         self._capacity = 0
+        self._counts: list[int] = []  # rows of each held batch, in order
+        # Set when the postprocess failed on a group but not on its batches one by one: from then on
+        # nothing is taken and each batch is answered alone.
+        self.disabled = False
 
     def take(self, query_ids: list[int], sample_indices: list[int], outputs: dict[str, Any]) -> bool:
         """Copy one batch's outputs in behind those held; False (nothing taken) when they do not fit:
         not numpy arrays of one row per sample, other names, row shapes or types than those held, or
         no room left. An empty group takes any batch of numpy arrays (its buffers are made to fit)."""
         count = len(query_ids)
-        if not _rows_of(outputs, count):
+        if self.disabled or not _rows_of(outputs, count):
             return False
         if not self._matches(outputs) or (not self.rows and count > self._capacity):
             if self.rows:
@@ -48,14 +53,25 @@ class OutputGroup:
         self.ids += query_ids
         self.indices += sample_indices
         self.rows += count
+        self._counts.append(count)
         return True
 
     def outputs(self) -> dict[str, np.ndarray]:
         """The held outputs, one row per held sample (views of the group's buffers: valid until clear)."""
         return {name: buffer[:self.rows] for name, buffer in self._buffers.items()}
 
+    def batches(self) -> list[tuple[list[int], list[int], dict[str, np.ndarray]]]:
+        """The held batches one by one: (query ids, sample indices, outputs), as they were taken."""
+        held, start = [], 0
+        for count in self._counts:
+            stop = start + count
+            held.append((self.ids[start:stop], self.indices[start:stop],
+                         {name: buffer[start:stop] for name, buffer in self._buffers.items()}))
+            start = stop
+        return held
+
     def clear(self) -> None:
-        self.ids, self.indices, self.rows = [], [], 0
+        self.ids, self.indices, self.rows, self._counts = [], [], 0, []
 
     def _matches(self, outputs: dict[str, np.ndarray]) -> bool:
         if set(outputs) != set(self._buffers):

@@ -356,24 +356,39 @@ class SystemUnderTest(FirstFailure):
         return group.take(query_ids, sample_indices, outputs)
 
     def _finish_group(self, worker: int, group: OutputGroup) -> None:
-        """Postprocess and complete the held batches in one call; after a failure, complete them empty."""
+        """Postprocess and complete the held batches in one call; after a failure, complete them empty.
+        When the postprocess (or the result check) fails on the group, the batches are answered one by
+        one: a failure then names the batch's samples, as without groups, and a postprocess that only
+        fails on more rows than a batch's answers them all (and this worker groups no more)."""
         if not group.rows:
             return
-        ids, indices = group.ids, group.indices
+        try:
+            self._answer(worker, group.ids, group.indices, group.outputs())
+        except BaseException:  # noqa: BLE001 - user code may raise anything; told per batch below
+            group.disabled = True
+            for ids, indices, outputs in group.batches():
+                self._answer(worker, ids, indices, outputs, alone=True)
+        finally:
+            group.clear()
+
+    def _answer(self, worker: int, ids: list[int], indices: list[int], outputs: dict[str, Any],
+                alone: bool = False) -> None:
+        """Postprocess held outputs and complete their queries (empty after a failure). A failing
+        postprocess raises, unless `alone` (one batch): then it is the run's failure."""
+        if self.failure is not None:
+            self._complete_empty(ids)
+            return
         stage = "postprocess"
         try:
-            if self.failure is not None:
-                self._complete_empty(ids)
-                return
-            result = self._result_rows(group.outputs(), None, indices)
+            result = self._result_rows(outputs, None, indices)
             stage = "complete"
             self.handoff.complete(ids, result)  # LoadGen has read the rows when this returns
             self._completed[worker] += len(ids)
-        except BaseException as exc:  # user code may raise anything; the run must end, not hang
+        except BaseException as exc:  # the run must end, not hang
+            if stage == "postprocess" and not alone:
+                raise
             self._fail(indices, stage, exc)
             self._complete_empty(ids)
-        finally:
-            group.clear()
 
     def _complete_empty(self, query_ids: Sequence[int]) -> None:
         lg = self._lg

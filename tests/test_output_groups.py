@@ -128,18 +128,40 @@ def test_held_outputs_are_copies_so_a_backend_may_reuse_its_output_buffer() -> N
     assert handoff.completed == {20 + i: [i] for i in range(8)}
 
 
-def test_a_failing_group_postprocess_names_its_samples_and_every_query_completes_empty(tmp_path: Path) -> None:
-    """Through a real LoadGen test: the first group's postprocess raises; the failure is of the
-    postprocess stage and names the samples of the group it got, and no sample is left
-    unanswered (LoadGen ends)."""
+def test_a_failing_group_postprocess_names_the_batch_that_fails_and_every_query_completes_empty(tmp_path: Path) -> None:
+    """Through a real LoadGen test: the postprocess raises on the group, then on its first batch
+    alone; the failure is of the postprocess stage and names that batch's samples, as without
+    groups, and no sample is left unanswered (LoadGen ends)."""
     _, backend, staged, ctx = _parts(count=16)
     calls = Calls(fail=True)
     sut = _sut(backend, staged, ctx, max_batch_size=2, workers=1, postprocess=calls, postprocess_group_rows=8)
     responses = _loadgen(sut, staged, "Offline", tmp_path)
     assert isinstance(sut.failure, SampleError) and sut.failure.stage == "postprocess"
     assert "boom in postprocess" in str(sut.failure)
-    assert sorted(sut.failure.indices) == sorted(calls.rows[0])
+    first_alone = calls.rows[1] if len(calls.rows[0]) > 2 else calls.rows[0]
+    assert len(first_alone) == 2 and sorted(sut.failure.indices) == sorted(first_alone)
     assert set(responses.values()) == {b""}
+
+
+def test_a_postprocess_that_fails_only_on_a_group_answers_every_batch_alone() -> None:
+    """A postprocess that cannot take more rows than a batch (say, a buffer of max_batch_size rows):
+    the group's failure is not the run's; its batches are answered one by one, and so is every later
+    batch of that worker."""
+    _, backend, staged, ctx = _parts(count=16)
+    staged.load_samples(list(range(16)))
+    calls = Calls()
+
+    def at_most_two_rows(outputs: dict[str, np.ndarray], ctx: ProcessingContext) -> np.ndarray:
+        result = calls(outputs, ctx)
+        if len(result) > 2:
+            raise ValueError("a buffer of two rows")
+        return result
+
+    sut, handoff = _grouped(staged, backend, ctx, at_most_two_rows, max_batch_size=2, rows=8)
+    sut.issue_query([100 + i for i in range(16)], list(range(16)))
+    _serve_until_answered(sut, handoff, 16)
+    assert [len(rows) for rows in calls.rows] == [8] + [2] * 8
+    assert handoff.completed == {100 + i: [i] for i in range(16)}
 
 
 def test_grouped_offline_under_loadgen_answers_every_sample_with_its_own_row(tmp_path: Path) -> None:
