@@ -369,7 +369,7 @@ def _slow_model(folder: Path) -> Path:
               return np.array([sample], dtype=np.float32)
         postprocess: |
           import time
-          def postprocess(outputs, ctx):
+          def postprocess(outputs, ctx, inputs):  # takes the inputs: each batch alone, never in an Offline group
               time.sleep(0.1)
               return outputs["scores"]
         attributes:
