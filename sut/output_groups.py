@@ -1,6 +1,6 @@
 """Offline: the outputs of several batches, held so that they are postprocessed and completed in one
-call. Right after a session's run, the user's postprocess and the completion run on cold caches
-and cost several times what they cost warm (mobilenet-v2's top-5 of a batch of 4: about 200 us
+call. Right after a session's run, the user's postprocess and the completion cost several times
+what they cost warm (probably cold caches; not measured apart) (mobilenet-v2's top-5 of a batch of 4: about 200 us
 after a run against 44 us in a warm loop, 1.3% of the batch; docs/tuning.md). That cost is per
 call, not per row, so a group of batches pays it once. Offline is judged only by when its last
 sample completes, so holding results for a few batches costs nothing there.
