@@ -1,8 +1,8 @@
 """Offline: the outputs of several batches, held so that they are postprocessed and completed in one
 call. Right after a session's run, the user's postprocess and the completion cost several times
-what they cost warm (probably cold caches; not measured apart) (mobilenet-v2's top-5 of a batch of 4: about 200 us
-after a run against 44 us in a warm loop, 1.3% of the batch; docs/tuning.md). That cost is per
-call, not per row, so a group of batches pays it once. Offline is judged only by when its last
+what they cost warm, probably from cold caches (not measured apart): mobilenet-v2's top-5 of a batch
+of 4 took about 200 us after a run against 44 us in a warm loop, 1.3% of the batch (docs/tuning.md).
+That cost is per call, not per row, so a group of batches pays it once. Offline is judged only by when its last
 sample completes, so holding results for a few batches costs nothing there.
 
 Each batch's outputs are copied into the group's own buffers (a backend may reuse its output

@@ -11,16 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specs.manifests import load_manifest
 from sut.output_groups import MAX_GROUP_BYTES, OutputGroup
 from sut.processing import ProcessingContext
 from sut.staging import SampleError
 from sut.system_under_test import SystemUnderTest
 from tests.test_sut_mutants import (
-    MODEL,
     Observer,
     RecordingCompletion,
     _answered,
+    _direct,
     _loadgen,
     _parts,
     _serve_until_answered,
@@ -46,12 +45,10 @@ class Calls:
 
 
 def _grouped(staged: Any, backend: Any, ctx: ProcessingContext, postprocess: Any, max_batch_size: int,
-             rows: int) -> tuple[SystemUnderTest, RecordingCompletion]:
-    handoff = RecordingCompletion()
-    sut = SystemUnderTest(backend=backend, staged=staged, handoff=handoff, scenario="Offline", postprocess=postprocess,
-                          ctx=ctx, max_batch_size=max_batch_size, workers=1,
-                          result_spec=load_manifest(MODEL).outputs[0], postprocess_group_rows=rows)
-    return sut, handoff
+             rows: int, **options: Any) -> tuple[SystemUnderTest, RecordingCompletion]:
+    """An Offline SUT with groups of `rows`, its completions recorded (test_sut_mutants' _direct)."""
+    return _direct(staged, backend, ctx, max_batch_size, scenario="Offline", postprocess=postprocess,
+                   postprocess_group_rows=rows, **options)
 
 
 def test_offline_batches_are_postprocessed_in_groups_and_each_sample_gets_its_own_row() -> None:
@@ -94,10 +91,7 @@ def test_what_is_held_when_the_test_ends_is_answered() -> None:
     _, backend, staged, ctx = _parts(count=8)
     staged.load_samples(list(range(8)))
     calls = Calls()
-    handoff = RecordingCompletion()
-    sut = SystemUnderTest(backend=backend, staged=staged, handoff=handoff, scenario="Offline", postprocess=calls,
-                          ctx=ctx, max_batch_size=2, workers=1, result_spec=load_manifest(MODEL).outputs[0],
-                          postprocess_group_rows=64, serve_on_caller=True)
+    sut, handoff = _grouped(staged, backend, ctx, calls, max_batch_size=2, rows=64, serve_on_caller=True)
     sut.issue_query([40 + i for i in range(8)], list(range(8)))
     sut.end_serving()
     sut.serve_here()  # returns at the end mark

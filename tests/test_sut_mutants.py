@@ -476,11 +476,13 @@ class RecordingCompletion:
 
 
 def _direct(staged: StagedSamples, backend: Probe, ctx: ProcessingContext, max_batch_size: int,
-            model_path: Path = MODEL) -> tuple[SystemUnderTest, RecordingCompletion]:
+            model_path: Path = MODEL, scenario: str = "Server", postprocess: Callable[..., Any] | None = None,
+            **options: Any) -> tuple[SystemUnderTest, RecordingCompletion]:
+    """One worker over a recording completion (no LoadGen test runs); `options` go to the SUT."""
     handoff = RecordingCompletion()
-    sut = SystemUnderTest(backend=backend, staged=staged, handoff=handoff, scenario="Server", postprocess=None,
+    sut = SystemUnderTest(backend=backend, staged=staged, handoff=handoff, scenario=scenario, postprocess=postprocess,
                           ctx=ctx, max_batch_size=max_batch_size, workers=1,
-                          result_spec=load_manifest(model_path).outputs[0])
+                          result_spec=load_manifest(model_path).outputs[0], **options)
     return sut, handoff
 
 
