@@ -67,10 +67,12 @@ ASAN_RUN  = cd $(ASAN_DIR)/src && PYTHONPATH=. PYTHONMALLOC=malloc ASAN_OPTIONS=
 	    LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(abspath $(PY))
 asan: setup
 	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)/src
-	cp -r harness sut $(ASAN_DIR)/src/ && rm -f $(ASAN_DIR)/src/sut/_native*.so
+	# The namespace as plain folders (harness/ is mlharness, sut/ is mlharness/sut, ...).
+	cp -r harness $(ASAN_DIR)/src/mlharness && cp -r sut specs profiling scenarios $(ASAN_DIR)/src/mlharness/
+	rm -f $(ASAN_DIR)/src/mlharness/sut/_native*.so
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" LDFLAGS="-fsanitize=address" \
 	  $(PY) setup.py -q build_ext --build-lib $(ASAN_DIR)/src --build-temp $(ASAN_DIR)/tmp --force
-	$(ASAN_RUN) -c "import sut._native as n; assert n.__file__.startswith('$(abspath $(ASAN_DIR))'), n.__file__"
+	$(ASAN_RUN) -c "import mlharness.sut._native as n; assert n.__file__.startswith('$(abspath $(ASAN_DIR))'), n.__file__"
 	$(ASAN_RUN) -m pytest -q -p no:cacheprovider --capture=sys --rootdir=$(CURDIR) $(CURDIR)/tests/test_native_handoff.py
 	# The issue queue driven directly (its run tests need the whole tree and the specs).
 	$(ASAN_RUN) -m pytest -q -p no:cacheprovider --capture=sys --rootdir=$(CURDIR) $(CURDIR)/tests/test_issue_path.py \

@@ -5,7 +5,7 @@ from setuptools import Extension, setup
 
 native_sources = sorted(glob("native/*.c"))
 ext_modules = (
-    [Extension("sut._native", sources=native_sources, extra_compile_args=["-O3", "-std=c11"])]
+    [Extension("mlharness.sut._native", sources=native_sources, extra_compile_args=["-O3", "-std=c11"])]
     if native_sources
     else []
 )

@@ -94,8 +94,8 @@ def main() -> int:
     parser.add_argument("--results-dir", type=Path, help="keep the results here (default: a temp folder)")
     args = parser.parse_args()
 
-    from harness.bricks.suite import run_suite
-    from harness.running.request import RunRequest
+    from mlharness.bricks.suite import run_suite
+    from mlharness.running.request import RunRequest
 
     workdir = Path(tempfile.mkdtemp(prefix="mlharness-bricks-bench-"))
     results = args.results_dir or workdir / "results"
@@ -136,7 +136,7 @@ def main() -> int:
         "unique_bricks": sum(r["unique_bricks"] for r in rows), "reused_bricks": sum(r["reused_bricks"] for r in rows),
         "wall_seconds": wall,
     }
-    from harness.tables import format_table
+    from mlharness.tables import format_table
 
     print(format_table(("model", "bricks", "reused", "estimate ms", "measured ms", "error", "plain ms", "lower bound ms"),
                        [(r["model"], r["unique_bricks"], r["reused_bricks"], r["estimate_ms"], r["measured_ms"],

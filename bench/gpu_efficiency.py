@@ -74,9 +74,9 @@ def refusal(problems: dict[str, str | None], wanted: list[str]) -> str | None:
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, backend: str, batch: int) -> Any:
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.runtime import build_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.runtime import build_runtime
 
     index = default_index()
     model = select_model(index, model_name, backend)
@@ -157,7 +157,7 @@ def raw_torch(model_name: str, batch: int, seconds: float) -> dict[str, Any]:
 
 
 def harness_run(model_name: str, backend: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
-    from harness import RunRequest, run
+    from mlharness import RunRequest, run
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
         record = run(RunRequest(model=model_name, scenario=scenario, backend=backend, hardware="cuda0",
@@ -178,11 +178,11 @@ def null_device(variant: str, seconds: float, batch: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "bench"))
     from overhead import _limit_sut, _loadgen_settings
 
-    from harness.records.loadgen_logs import parse_summary
-    from sut.device_torch import TorchDevice
-    from sut.handoff import load_handoff
-    from sut.processing import ProcessingContext
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.records.loadgen_logs import parse_summary
+    from mlharness.sut.device_torch import TorchDevice
+    from mlharness.sut.handoff import load_handoff
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     class DeviceNull:
         """The null backend's contract with device outputs: zeros on cuda:0, copied to the host per batch."""

@@ -313,7 +313,7 @@ def main() -> None:
     if args.server_only and args.no_server:
         parser.error("--server-only and --no-server leave nothing to measure")
     sys.path.insert(0, str(ROOT))
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} (cpus: {os.cpu_count()}, {cpu_model()})")

@@ -11,11 +11,11 @@ from typing import Any
 def load_engine(model_name: str, backend: str, threads: int, dataset: str | None = None) -> Any:
     """The harness's engine for `model_name` on `backend`, loaded with `threads` intra-op threads, generating
     as many tokens as `dataset` asks (its generation.max_new_tokens; default: the model's dataset)."""
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
-    from sut.llm.runtime import for_dataset
+    from mlharness.running.runner import select_model
+    from mlharness.specs import artifacts
+    from mlharness.specs.index import default_index
+    from mlharness.sut import backends
+    from mlharness.sut.llm.runtime import for_dataset
 
     index = default_index()
     model = select_model(index, model_name, backend)
@@ -28,9 +28,9 @@ def load_engine(model_name: str, backend: str, threads: int, dataset: str | None
 
 def prompt_ids(engine: Any, count: int, dataset: str | None = None) -> list[list[int]]:
     """The first `count` prompts of `dataset` (default: the engine's model's), as the engine tokenizes them."""
-    from specs.index import default_index
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
+    from mlharness.specs.index import default_index
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.runtime import enumerate_samples, resolve_sources
 
     dataset = default_index().find("dataset", dataset or engine.model.default_dataset)
     ctx = ProcessingContext(attributes={}, sources=resolve_sources(dataset), model=engine.model, dataset=dataset)
@@ -41,7 +41,7 @@ def harness_run_record(model_name: str, backend: str, scenario: str, threads: in
                        overrides: list[str], command: str, dataset: str | None = None) -> Any:
     """A quick mlharness run of the first `prompts` prompts of `dataset` (default: the model's) on `backend`
     (no tuned settings, its results in a folder removed afterwards); its RunRecord."""
-    from harness import RunRequest, run
+    from mlharness import RunRequest, run
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
         return run(RunRequest(model=model_name, scenario=scenario, backend=backend, dataset=dataset, quick=True,

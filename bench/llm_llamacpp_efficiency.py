@@ -182,7 +182,7 @@ def main() -> None:
         child(json.loads(args.child))
         return
     sys.path.insert(0, str(ROOT))
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} (cpus: {os.cpu_count()}, {cpu_model()})")

@@ -80,9 +80,9 @@ MAX_BRACKET_DRIFT = 0.08
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, batch: int, threads: int, backend: str = "onnxruntime") -> Any:
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.runtime import build_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.runtime import build_runtime
 
     index = default_index()
     model = select_model(index, model_name, backend)
@@ -182,7 +182,7 @@ def harness_run(model_name: str, scenario: str, overrides: list[str], results_di
                 backend: str = "onnxruntime") -> dict[str, Any]:
     """One mlharness run; with `results_dir` (the bench's tuned database) it starts from the tuned
     configuration stored there, else from the manifest's defaults (a fresh folder, --no-tuned)."""
-    from harness import RunRequest, run
+    from mlharness import RunRequest, run
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as scratch:
         record = run(RunRequest(model=model_name, scenario=scenario, backend=backend, overrides=overrides,
@@ -198,7 +198,7 @@ def harness_run(model_name: str, scenario: str, overrides: list[str], results_di
             "serving": (record.loadgen.get("performance") or {}).get("sut"),
             "backend": record.backend_info, "harness_settings": record.settings.get("harness"),
             "settings_origin": record.settings.get("origin"),
-            # The run has a process of its own (harness.running.launcher): its peak RSS is in the record.
+            # The run has a process of its own (mlharness.running.launcher): its peak RSS is in the record.
             "run_peak_rss_bytes": (record.cold_start or {}).get("peak_rss_bytes")}
 
 
@@ -256,13 +256,13 @@ def tune_model(model: str, results_dir: Path, seconds: float) -> dict[str, Any]:
     """`mlharness tune MODEL --scenario Offline` into the bench's results folder (its database keeps the
     tuned configuration that the tuned runs start from); returns what it stored."""
     env = hermetic()
-    command = [sys.executable, "-m", "harness.cli", "tune", model, "--scenario", "Offline", "--backend", BACKEND,
+    command = [sys.executable, "-m", "mlharness.cli", "tune", model, "--scenario", "Offline", "--backend", BACKEND,
                "--trial-seconds", f"{seconds:g}", "--repeats", "1", "--results-dir", str(results_dir)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-3000:]}")
     sys.path.insert(0, str(ROOT))
-    from harness.store.result_store import ResultStore
+    from mlharness.store.result_store import ResultStore
 
     with ResultStore(results_dir / "mlharness.sqlite", create=False) as store:
         found = [t for t in store.list_tuned() if t["backend"] == BACKEND]
@@ -445,8 +445,8 @@ def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None
 
 def _default_batch(model: str) -> int:
     sys.path.insert(0, str(ROOT))
-    from harness.running.runner import select_model
-    from specs.index import default_index
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
 
     return int(select_model(default_index(), model, BACKEND).attributes.get("max_batch_size", 1))
 
@@ -496,7 +496,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()

@@ -1,4 +1,4 @@
-"""What Offline's postprocess groups (sut.output_groups) buy, measured in one process where the
+"""What Offline's postprocess groups (mlharness.sut.output_groups) buy, measured in one process where the
 machine's speed can be bracketed: the plain loop (`session.run` on views of the staged batches, the
 runtime's own session) alternates with mlharness's SystemUnderTest under a real LoadGen Offline test
 on the same session and staged samples, with groups (`postprocess_group_rows`, default 64) and
@@ -50,9 +50,9 @@ def sut_window(runtime: Any, batch: int, group_rows: int, expected_qps: Callable
     (one worker, the Python queue Offline uses, the real handoff); its samples/s as LoadGen reports."""
     import mlperf_loadgen as lg
 
-    from sut.handoff import load_handoff
-    from sut.loadgen_handles import loadgen_handles
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.sut.handoff import load_handoff
+    from mlharness.sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     def window(seconds: float) -> float:
         sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(), scenario="Offline",
@@ -99,7 +99,7 @@ def main() -> int:
 
     import model_efficiency  # bench/model_efficiency.py: the same runtime as its plain loop
 
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     runtime = model_efficiency._runtime(args.model, args.batch, args.threads, "onnxruntime")
     staged = runtime.staged

@@ -46,9 +46,9 @@ OFFLINE_GUESS = {"limit": 2_000_000, "native": 2_000_000, "python": 1_000_000, "
 def _loadgen_settings(scenario: str, overrides: list[str], workdir: Path) -> Any:
     """The TestSettings mlharness would build for the null model with these overrides, so the bare
     variants run under exactly the settings the harness variants get."""
-    from harness.running.runner import RunRequest, prepare_settings, select_model
-    from harness.running.settings import apply_to_loadgen
-    from specs.index import default_index
+    from mlharness.running.runner import RunRequest, prepare_settings, select_model
+    from mlharness.running.settings import apply_to_loadgen
+    from mlharness.specs.index import default_index
 
     model = select_model(default_index(), "null", "null")
     settings = prepare_settings(RunRequest(model="null", scenario=scenario, overrides=overrides), model)
@@ -101,7 +101,7 @@ def _refcopy_sut(lg: Any, max_batch_size: int) -> tuple[Any, Any]:
 def _measure_bare(variant: str, scenario: str, overrides: list[str]) -> dict[str, Any]:
     import mlperf_loadgen as lg
 
-    from harness.records.loadgen_logs import parse_summary
+    from mlharness.records.loadgen_logs import parse_summary
 
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as workdir:
         test_settings = _loadgen_settings(scenario, overrides, Path(workdir))
@@ -122,8 +122,8 @@ def _measure_harness(variant: str, scenario: str, overrides: list[str]) -> dict[
     os.environ["MLHARNESS_HANDOFF"] = "native" if variant == "pyissue" else variant
     if variant == "pyissue":  # Server's issue path through the Python binding (with the GIL), for comparison
         os.environ["MLHARNESS_ISSUE"] = "python"
-    from harness import RunRequest, run
-    from sut.handoff import load_handoff
+    from mlharness import RunRequest, run
+    from mlharness.sut.handoff import load_handoff
 
     handoff = load_handoff()
     with tempfile.TemporaryDirectory(prefix="mlharness-bench-") as results_dir:
@@ -132,7 +132,7 @@ def _measure_harness(variant: str, scenario: str, overrides: list[str]) -> dict[
     return {"summary": record.performance, "handoff": handoff.name,
             "issue_path": ((record.loadgen or {}).get("performance") or {}).get("sut", {}).get("issue_path"),
             "completion": getattr(handoff, "completion", "pybind"),
-            # The run has a process of its own (harness.running.launcher): its peak RSS is in the record.
+            # The run has a process of its own (mlharness.running.launcher): its peak RSS is in the record.
             "run_peak_rss_bytes": (record.cold_start or {}).get("peak_rss_bytes")}
 
 
@@ -220,7 +220,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()

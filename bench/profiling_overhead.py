@@ -27,11 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import RunRequest, run  # noqa: E402
-from harness.atomic_io import write_json  # noqa: E402
-from harness.running.runner import _profile_session  # noqa: E402
-from harness.running.system import cpu_model  # noqa: E402
-from profiling import LEVELS  # noqa: E402
+from mlharness import RunRequest, run  # noqa: E402
+from mlharness.atomic_io import write_json  # noqa: E402
+from mlharness.running.runner import _profile_session  # noqa: E402
+from mlharness.running.system import cpu_model  # noqa: E402
+from mlharness.profiling import LEVELS  # noqa: E402
 
 CONFIGS = {"off": [], **{level: [level] for level in LEVELS}, "full": list(LEVELS)}
 

@@ -35,7 +35,7 @@ def one_run(scenario: str, extra: list[str], seconds: float, progress: bool, res
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLHARNESS_")}
     env["MLHARNESS_PROGRESS"] = "on" if progress else "off"
     env["MLHARNESS_PROGRESS_INTERVAL"] = "0.2"
-    command = [sys.executable, "-m", "harness.cli", "run", "null", "--scenario", scenario,
+    command = [sys.executable, "-m", "mlharness.cli", "run", "null", "--scenario", scenario,
                "--set", f"min_duration={int(seconds * 1000)}", *extra, "--results-dir", str(results)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:

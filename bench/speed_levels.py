@@ -68,7 +68,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     from bench.bricks import light_manifest
-    from harness.running.system import cpu_model
+    from mlharness.running.system import cpu_model
 
     model = args.model
     if model.startswith("light_"):

@@ -9,25 +9,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import UserError
-from harness.records.run_record import RunRecord
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
 
 if TYPE_CHECKING:
-    from harness.running.request import RunRequest
-    from harness.store.result_store import ResultStore
-    from specs.manifests import Manifest, load_manifest
+    from mlharness.running.request import RunRequest
+    from mlharness.store.result_store import ResultStore
+    from mlharness.specs.manifests import Manifest, load_manifest
 
-# Public names imported on first use (PEP 562), so `import harness` stays light.
-# The spec layer too: it imports harness.errors, so importing it here eagerly would be a cycle for
+# Public names imported on first use (PEP 562), so `import mlharness` stays light.
+# The spec layer too: it imports mlharness.errors, so importing it here eagerly would be a cycle for
 # code that imports specs first.
-_LAZY = {"RunRequest": "harness.running.request", "ResultStore": "harness.store.result_store",
-         "Manifest": "specs.manifests", "load_manifest": "specs.manifests"}
+_LAZY = {"RunRequest": "mlharness.running.request", "ResultStore": "mlharness.store.result_store",
+         "Manifest": "mlharness.specs.manifests", "load_manifest": "mlharness.specs.manifests"}
 
 
 def run(request: RunRequest) -> RunRecord:
     """Run one request in a fresh process of its own (like `mlharness run`) and return its record;
-    a failed run raises harness.errors.RunFailed (a UserError) with the failed record as `.record`."""
-    from harness.running.launcher import run as _run
+    a failed run raises mlharness.errors.RunFailed (a UserError) with the failed record as `.record`."""
+    from mlharness.running.launcher import run as _run
 
     return _run(request)
 

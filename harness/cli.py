@@ -9,15 +9,15 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from harness import commands
-from harness.errors import UserError
+from mlharness import commands
+from mlharness.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlharness", description="MLPerf-style inference benchmark harness")
     sub = parser.add_subparsers(dest="command", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"harness.commands.{info.name}").register(sub)
+        importlib.import_module(f"mlharness.commands.{info.name}").register(sub)
     return parser
 
 

@@ -11,17 +11,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from harness.atomic_io import write_text
-from harness.errors import UserError
+from mlharness.atomic_io import write_text
+from mlharness.errors import UserError
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def schema_models() -> dict[str, type[BaseModel]]:
     """Every kind that has a schema: the manifest kinds, `grid` (a sweep grid) and `preset` (a scenario preset)."""
-    from harness.running.settings_schema import PresetDoc
-    from harness.sweeps.grid_schema import GridDoc
-    from specs.schema import SCHEMAS
+    from mlharness.running.settings_schema import PresetDoc
+    from mlharness.sweeps.grid_schema import GridDoc
+    from mlharness.specs.schema import SCHEMAS
 
     return {**SCHEMAS, "grid": GridDoc, "preset": PresetDoc}
 

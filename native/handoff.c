@@ -491,7 +491,7 @@ static PyGetSetDef NativeHandoff_getset[] = {
 
 static PyTypeObject NativeHandoffType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sut._native.NativeHandoff",
+    .tp_name = "mlharness.sut._native.NativeHandoff",
     .tp_doc = "Zero-copy gather and LoadGen completion; same interface as sut.handoff.PythonHandoff.",
     .tp_basicsize = sizeof(NativeHandoff),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -519,7 +519,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "sut._native",
+    .m_name = "mlharness.sut._native",
     .m_doc = "Zero-copy handoff between the harness stages and LoadGen.",
     .m_size = -1,
     .m_methods = module_methods,

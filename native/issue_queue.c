@@ -329,7 +329,7 @@ static PyGetSetDef IssueQueue_getset[] = {
 
 static PyTypeObject IssueQueueType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sut._native.IssueQueue",
+    .tp_name = "mlharness.sut._native.IssueQueue",
     .tp_basicsize = sizeof(IssueQueue),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "LoadGen's issue path into a queue without the GIL (see native/issue_queue.c).",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiling.registry import (
+from mlharness.profiling.registry import (
     ENTRY_POINT_GROUP,
     levels,
     parse_levels,
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
 
 def new_session(levels: list[str], out_dir, scenario: str = "", calibrate: bool = True):  # noqa: ANN001, ANN201
-    from profiling.session import ProfileSession
+    from mlharness.profiling.session import ProfileSession
 
     return ProfileSession(levels, out_dir, scenario, calibrate)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiling.stats import self_times, stage_stats, top_operators
-from profiling.tracer import LevelResult, Span, TraceContext, Tracer
+from mlharness.profiling.stats import self_times, stage_stats, top_operators
+from mlharness.profiling.tracer import LevelResult, Span, TraceContext, Tracer
 
 MAX_SPANS = 200_000  # timeline cap for long runs; the operator table still counts every event
 

@@ -1,7 +1,7 @@
 """The `harness` level: per-query spans from issue to completion, queue wait and batch formation,
 from the SUT's own perf_counter_ns stamps; LoadGen's per-sample trace is added when its trace
 option (--set enable_trace=1) was on. For a generative model, the token timeline instead: prefill and
-decode per sequence, the engine's steps and batch size, the scheduler's waits (profiling.token_timeline).
+decode per sequence, the engine's steps and batch size, the scheduler's waits (mlharness.profiling.token_timeline).
 On a GPU backend (one with `start_device_timing`), CUDA events around each predict give the device's
 own time per batch, drawn on the device track."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from profiling import loadgen_trace
-from profiling.stats import stage_stats
-from profiling.tracer import AsyncSpan, LevelResult, Span, Tracer
+from mlharness.profiling import loadgen_trace
+from mlharness.profiling.stats import stage_stats
+from mlharness.profiling.tracer import AsyncSpan, LevelResult, Span, Tracer
 
 MAX_LISTED_SAMPLES = 16  # sample indices kept per span; the full count is in batch_size
 
@@ -41,7 +41,7 @@ class HarnessTracer(Tracer):
 
     def collect(self, window: tuple[int, int]) -> LevelResult:
         if getattr(self.ctx.runtime, "generative", False) and self.ctx.sut is not None:
-            from profiling import token_timeline
+            from mlharness.profiling import token_timeline
 
             return self._with_loadgen_trace(token_timeline.collect(self.ctx.sut, self.level))
         spans, queued = [], []

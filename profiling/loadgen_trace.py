@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from profiling.clock import ClockAnchor
-from profiling.stats import stage_stats
-from profiling.tracer import AsyncSpan, Span
+from mlharness.profiling.clock import ClockAnchor
+from mlharness.profiling.stats import stage_stats
+from mlharness.profiling.tracer import AsyncSpan, Span
 
 # LoadGen's query-path spans; its logging and IO-thread spans stay in its own file.
 KEPT_SPANS = frozenset({"IssueQuery", "QuerySamplesComplete", "GenerateQueries"})

@@ -6,9 +6,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from profiling.harness_tracer import sample_list
-from profiling.stats import stage_stats
-from profiling.tracer import LevelResult, Span, Tracer
+from mlharness.profiling.harness_tracer import sample_list
+from mlharness.profiling.stats import stage_stats
+from mlharness.profiling.tracer import LevelResult, Span, Tracer
 
 
 def _timed(func: Callable[[Any, Any], Any], log: list[tuple[int, int, int]]) -> Callable[[Any, Any], Any]:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from profiling.clock import now_ns
+from mlharness.profiling.clock import now_ns
 
 BLOCK_SECONDS = 0.1
 MIN_CALLS, MAX_CALLS = 3, 200
@@ -22,7 +22,7 @@ METHOD = ("one staged sample through rows -> predict -> postprocess -> observer,
 
 
 def _hot_path(runtime: Any) -> Callable[[Callable[[Any], None] | None], int]:
-    from sut.system_under_test import BatchTimes
+    from mlharness.sut.system_under_test import BatchTimes
 
     staged, backend, postprocess, ctx = runtime.staged, runtime.backend, runtime.postprocess, runtime.ctx
 

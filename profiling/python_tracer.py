@@ -10,8 +10,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from harness.atomic_io import write_text
-from profiling.tracer import LevelResult, Span, TraceContext, Tracer
+from mlharness.atomic_io import write_text
+from mlharness.profiling.tracer import LevelResult, Span, TraceContext, Tracer
 
 INTERVAL_S = 0.001
 MAX_DEPTH = 64

@@ -6,18 +6,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from harness.errors import UserError
-from specs import manifests
+from mlharness.errors import UserError
+from mlharness.specs import manifests
 
 ENTRY_POINT_GROUP = "mlharness.tracers"
 
 # level -> "module:Class" of its Tracer (imported when the level starts) or the class itself.
 _TRACERS: dict[str, Any] = {
-    "harness": "profiling.harness_tracer:HarnessTracer",
-    "model": "profiling.model_tracer:ModelTracer",
-    "framework": "profiling.framework_tracer:FrameworkTracer",
-    "python": "profiling.python_tracer:PythonTracer",
-    "system": "profiling.system_tracer:SystemTracer",
+    "harness": "mlharness.profiling.harness_tracer:HarnessTracer",
+    "model": "mlharness.profiling.model_tracer:ModelTracer",
+    "framework": "mlharness.profiling.framework_tracer:FrameworkTracer",
+    "python": "mlharness.profiling.python_tracer:PythonTracer",
+    "system": "mlharness.profiling.system_tracer:SystemTracer",
 }
 
 
@@ -35,7 +35,7 @@ def levels() -> list[str]:
 
 
 def tracer_class(level: str) -> type:
-    from profiling.tracer import Tracer
+    from mlharness.profiling.tracer import Tracer
 
     if level not in _TRACERS and level in _plugins():
         ep = _plugins()[level]

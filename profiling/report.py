@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
-from harness.tables import format_table
-from profiling.session import SUMMARY_SCHEMA_VERSION
+from mlharness.errors import UserError
+from mlharness.tables import format_table
+from mlharness.profiling.session import SUMMARY_SCHEMA_VERSION
 
 STAGE_ORDER = ("load", "preprocess", "query", "queue_wait", "batch_formation", "predict", "framework_run",
                "postprocess", "complete", "sample", "sut_queue", "engine_queue", "prefill", "decode", "response",

@@ -7,13 +7,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.atomic_io import write_json
-from profiling.clock import CLOCK_NAME, ClockAnchor, now_ns
-from profiling.framework_tracer import operator_table
-from profiling.registry import tracer_class
-from profiling.overhead import calibrate as calibrate_overhead
-from profiling.timeline import build as build_timeline
-from profiling.tracer import LevelResult, TraceContext, Tracer
+from mlharness.atomic_io import write_json
+from mlharness.profiling.clock import CLOCK_NAME, ClockAnchor, now_ns
+from mlharness.profiling.framework_tracer import operator_table
+from mlharness.profiling.registry import tracer_class
+from mlharness.profiling.overhead import calibrate as calibrate_overhead
+from mlharness.profiling.timeline import build as build_timeline
+from mlharness.profiling.tracer import LevelResult, TraceContext, Tracer
 
 SUMMARY_SCHEMA_VERSION = 1
 # The built-in levels start in this order (the tracers are profiling's registry), levels of entry

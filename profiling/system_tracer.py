@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from profiling import nvml, perf_stat
-from profiling.clock import now_ns
-from profiling.tracer import CounterSample, LevelResult, Tracer
+from mlharness.profiling import nvml, perf_stat
+from mlharness.profiling.clock import now_ns
+from mlharness.profiling.tracer import CounterSample, LevelResult, Tracer
 
 INTERVAL_S = 0.05
 
@@ -71,7 +71,7 @@ class SystemTracer(Tracer):
                   "process cpu (%)": lambda k: k == "process_cpu_pct",
                   "rss (MiB)": lambda k: k == "rss_mib",
                   "context switches (/s)": lambda k: k.endswith("_switches_per_s"),
-                  # NVML's readings, one counter track per unit (profiling.nvml.sample)
+                  # NVML's readings, one counter track per unit (mlharness.profiling.nvml.sample)
                   "gpu utilisation (%)": lambda k: k.startswith("gpu") and k.endswith("_pct"),
                   "gpu memory (MiB)": lambda k: k.startswith("gpu") and k.endswith("_mib"),
                   "gpu power (W)": lambda k: k.startswith("gpu") and k.endswith("_power_w"),

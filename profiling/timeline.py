@@ -8,8 +8,8 @@ import os
 from collections import defaultdict
 from typing import Any, Iterable
 
-from profiling.clock import CLOCK_NAME
-from profiling.tracer import LevelResult, Span
+from mlharness.profiling.clock import CLOCK_NAME
+from mlharness.profiling.tracer import LevelResult, Span
 
 TIMELINE_SCHEMA_VERSION = 1
 ALIGN_TOLERANCE_NS = 20_000

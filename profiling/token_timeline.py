@@ -2,7 +2,7 @@
 track per batch slot, the engine's forward steps with the batch size at each, the scheduler's waits and
 admissions, and each sample's time split into prefill, decode and harness.
 
-All of it is derived after the test from what the token SUT keeps anyway (sut.llm.token_sut: every
+All of it is derived after the test from what the token SUT keeps anyway (mlharness.sut.llm.token_sut: every
 sample's issue, hand-off, token and completion stamps, the scheduler's waits and admissions) and from the
 batch engine's own record of its steps (`session.steps`, one list append a step), so nothing runs on the
 token path while the test is measured.
@@ -20,9 +20,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from harness.records.token_metrics import Step, measured_steps, sample_clock
-from profiling.stats import stage_stats
-from profiling.tracer import AsyncSpan, CounterSample, LevelResult, Span
+from mlharness.records.token_metrics import Step, measured_steps, sample_clock
+from mlharness.profiling.stats import stage_stats
+from mlharness.profiling.tracer import AsyncSpan, CounterSample, LevelResult, Span
 
 TRACK = "sequences"
 SCHEDULER_TID, STEPS_TID, FIRST_SLOT_TID = 1, 2, 100

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from profiling.clock import ClockAnchor
+from mlharness.profiling.clock import ClockAnchor
 
 
 @dataclass(frozen=True)

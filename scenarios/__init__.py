@@ -1,3 +1,3 @@
 """The scenario presets shipped with mlharness (`--quick`, `--preset NAME`: scenarios/*.yaml). A
 package so that they install with the code as package data and are found with importlib.resources
-(harness.running.settings.scenarios_root); $MLHARNESS_SCENARIOS points elsewhere."""
+(mlharness.running.settings.scenarios_root); $MLHARNESS_SCENARIOS points elsewhere."""

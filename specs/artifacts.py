@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.errors import UserError
-from specs.manifests import Artifact
+from mlharness.errors import UserError
+from mlharness.specs.manifests import Artifact
 
 
 def cache_dir() -> Path:
@@ -86,7 +86,7 @@ def locate(uri: str, where: str, base: Path, sha256: str | None = None) -> Path:
     return handler(rest, where, base, sha256)
 
 
-# Who makes converted artifacts (sut.conversion registers itself): the spec layer names what a
+# Who makes converted artifacts (mlharness.sut.conversion registers itself): the spec layer names what a
 # conversion is, the runtime layer does it, and this layer never imports the runtime.
 _CONVERTER: Callable[[Artifact, str, Path], Path] | None = None
 
@@ -107,7 +107,7 @@ def resolve(artifact: Artifact, where: str, base: Path) -> Path:
     if artifact.convert is not None:
         if _CONVERTER is None:
             raise UserError(f"{where}: a converted artifact is made by the runtime's conversions; "
-                            f"import sut.conversion before resolving it")
+                            f"import mlharness.sut.conversion before resolving it")
         return _CONVERTER(artifact, where, base)  # made by a recorded export step, cached
     path = locate(artifact.uri, where, base, artifact.sha256)
     if not path.is_file():

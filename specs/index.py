@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
-from specs.manifests import load_manifest
+from mlharness.errors import UserError
+from mlharness.specs.manifests import load_manifest
 
 KIND_FOLDERS = {"model": "models", "dataset": "datasets", "software": "software",
                 "hardware": "hardware", "reference": "references"}
@@ -21,7 +21,7 @@ def shipped_folder(package: str, env: str) -> Path:
     if override:
         return Path(override)
     try:
-        folder = importlib.resources.files(package)
+        folder = importlib.resources.files(f"mlharness.{package}")
     except (ModuleNotFoundError, TypeError) as exc:  # TypeError: a module of that name, not a package
         raise UserError(f"the {package} shipped with mlharness cannot be found ({exc}): reinstall mlharness "
                         f"(in a checkout: pip install -e .) or set ${env}") from None

@@ -10,9 +10,9 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from harness.errors import UserError
-from specs import schema
-from specs.schema import (  # noqa: F401  (the names other modules read here)
+from mlharness.errors import UserError
+from mlharness.specs import schema
+from mlharness.specs.schema import (  # noqa: F401  (the names other modules read here)
     CODE_REF,
     DECODINGS,
     DEVICE,
@@ -21,7 +21,7 @@ from specs.schema import (  # noqa: F401  (the names other modules read here)
     GENERATIVE_FRAMEWORKS,
     SOURCE_ROLES,
 )
-from specs.validation import (  # noqa: F401  (runtime registries register their names here)
+from mlharness.specs.validation import (  # noqa: F401  (runtime registries register their names here)
     _NAME_SOURCES,
     NAME_OWNERS,
     ManifestError,
@@ -69,7 +69,7 @@ def load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:
 
 @dataclass(frozen=True)
 class Conversion:
-    """An artifact made from another model manifest by a recorded export step (sut.conversion)."""
+    """An artifact made from another model manifest by a recorded export step (mlharness.sut.conversion)."""
 
     source: str  # the source model manifest's path, relative to the manifest declaring the conversion
     to: str
@@ -150,7 +150,7 @@ class ModelManifest(Manifest):
     attributes: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, Any] = field(default_factory=dict)
     default_dataset: str | None = None
-    generation: GenerationSpec | None = None  # set for a generative model (a causal LM, sut.llm)
+    generation: GenerationSpec | None = None  # set for a generative model (a causal LM, mlharness.sut.llm)
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ class ReferenceLog(Manifest):
     outputs: tuple[dict[str, Any], ...] = ()
 
 
-# -- from a validated document (specs.schema) to the frozen manifest the runtime uses -----------------
+# -- from a validated document (mlharness.specs.schema) to the frozen manifest the runtime uses -----------------
 
 def _artifact(doc: schema.Artifact) -> Artifact:
     if doc.convert is not None:

@@ -4,8 +4,8 @@ hardware and reference manifest may hold. A field's description is both what an 
 so the two cannot drift apart. Rules that relate several fields (what a framework needs among the
 sources, TensorRT only on a cuda device) are model validators, checked once the fields are well formed.
 
-specs.manifests turns a validated document into the frozen manifest the runtime uses;
-specs.validation turns pydantic's errors into this project's one-line problems."""
+mlharness.specs.manifests turns a validated document into the frozen manifest the runtime uses;
+mlharness.specs.validation turns pydantic's errors into this project's one-line problems."""
 from __future__ import annotations
 
 import re
@@ -13,14 +13,14 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from specs.validation import NAME, SEMVER, SHA256, Expect, NamesOf, refuse, refuse_all
+from mlharness.specs.validation import NAME, SEMVER, SHA256, Expect, NamesOf, refuse, refuse_all
 
 ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
 SOURCE_ROLES = ("graph", "weights", "module", "torchscript", "files")
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
-# Backends that generate tokens (sut.llm); they need `generation:` and sources.weights.
+# Backends that generate tokens (mlharness.sut.llm); they need `generation:` and sources.weights.
 GENERATIVE_FRAMEWORKS = ("transformers", "llama_cpp")
 DECODINGS = ("greedy",)
 

@@ -1,5 +1,5 @@
 """Reading manifests and naming their problems: the YAML reader, and pydantic's validation errors
-(specs.schema) as one line each naming the file, the field path, what was expected and what was
+(mlharness.specs.schema) as one line each naming the file, the field path, what was expected and what was
 found. Every problem of a file is reported at once."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Literal, NoReturn, Union, get_args,
 from pydantic import BaseModel, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -31,7 +31,7 @@ class ManifestError(UserError):
         super().__init__("\n".join(problems))
 
 
-# -- the schemas' own vocabulary (specs.schema) ----------------------------------------------------
+# -- the schemas' own vocabulary (mlharness.specs.schema) ----------------------------------------------------
 
 @dataclass(frozen=True)
 class Expect:
@@ -54,10 +54,10 @@ def refuse_all(problems: list[tuple[tuple[Any, ...], str, Any]]) -> NoReturn:
 
 # -- names the runtime owns ------------------------------------------------------------------------
 # The spec layer checks names that runtime registries own (framework names: sut.backends; conversion
-# targets: sut.conversion). Each owner registers a function returning its current names; until one
+# targets: mlharness.sut.conversion). Each owner registers a function returning its current names; until one
 # has, the owner is imported by name when a manifest first needs the names (the owners register
 # names only and import no framework), so that the spec layer never imports the runtime itself.
-NAME_OWNERS = {"framework": "sut.backends", "conversion target": "sut.conversion"}
+NAME_OWNERS = {"framework": "mlharness.sut.backends", "conversion target": "mlharness.sut.conversion"}
 _NAME_SOURCES: dict[str, Callable[[], list[str]]] = {}
 
 
@@ -166,7 +166,7 @@ def _path(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
 
 def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool) -> str:
     """What the schema wants at `loc`: the Expect or description of the innermost step that has one,
-    or the mapping a model class stands for (every schema class is a specs.schema.Doc, which says)."""
+    or the mapping a model class stands for (every schema class is a mlharness.specs.schema.Doc, which says)."""
     if not loc:
         return root.expected  # type: ignore[attr-defined]
     if is_key:  # a key of a mapping field: loc is (..., the field, the key)

@@ -10,7 +10,7 @@ and dtypes; never weight values), so a brick is benchmarked once within a model 
 
 Timing (`measure`): warm-up, then repeat until the 95% confidence interval of the median is within
 ±`tolerance` of it, or the time cap; the cost of an empty session call is measured the same way so
-the composition can subtract it (harness.bricks.compose)."""
+the composition can subtract it (mlharness.bricks.compose)."""
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 # Levels by name, as ONNX Runtime's GraphOptimizationLevel enum and run.json say them.
 OPT_LEVELS = ("disable_all", "enable_basic", "enable_extended", "enable_all")

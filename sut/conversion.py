@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.atomic_io import write_json, write_text
-from harness.errors import UserError
-from specs import artifacts
-from specs.manifests import (
+from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import UserError
+from mlharness.specs import artifacts
+from mlharness.specs.manifests import (
     Artifact,
     Conversion,
     HardwareManifest,
@@ -180,7 +180,7 @@ def _verified_cache(out: Path, provenance_path: Path) -> Converted | None:
 
 
 def resolve_conversion(artifact: Artifact, where: str, base: Path) -> Path:
-    """What specs.artifacts.resolve calls for a converted source: a verified local file."""
+    """What mlharness.specs.artifacts.resolve calls for a converted source: a verified local file."""
     return convert(artifact, where, base).path
 
 
@@ -218,7 +218,7 @@ def torch_to_onnx(source: ModelManifest, files: dict[str, Path], conversion: Con
     source's declared inputs and outputs become dynamic axes with the same names."""
     import torch
 
-    from sut.backends.torch_backend import TorchBackend
+    from mlharness.sut.backends.torch_backend import TorchBackend
 
     backend = TorchBackend(model=source, sources=files, hardware=_cpu_hardware(), options={})
     backend.load()

@@ -1,5 +1,5 @@
 """ONNX Runtime through IOBinding, one binding per worker thread: inputs bound where they lie (device
-rows or a gathered device batch, sut.device_staging), outputs written into device buffers allocated
+rows or a gathered device batch, mlharness.sut.device_staging), outputs written into device buffers allocated
 once per worker, then copied once per batch into page-locked host buffers. The arrays returned are
 views of those host buffers: the SUT postprocesses them and the zero-copy handoff points LoadGen at
 them; the worker reuses them only for its next batch, after LoadGen has returned.
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sut.device_memory import DeviceArray, DeviceMemory
+from mlharness.sut.device_memory import DeviceArray, DeviceMemory
 
 
 class BoundSession:

@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class PycudaMemory:
         self._stream().synchronize()
 
     def new_event(self) -> Any:
-        """A CUDA event for timing work on this thread's stream (sut.device_timing)."""
+        """A CUDA event for timing work on this thread's stream (mlharness.sut.device_timing)."""
         self._stream()
         return self._cuda.Event()
 

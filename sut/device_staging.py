@@ -4,8 +4,8 @@ GPU harnesses do. A batch of one is a view of its device row; a larger batch is 
 device into a per-worker buffer. Nothing is copied per sample on the host in the timed region.
 
 Which device memory is used is the backend's choice (its `device_staging()`): torch tensors for the
-torch backend (sut.device_torch), pycuda allocations that IOBinding binds for onnxruntime
-(BufferStaging over sut.device_memory). A backend without one (every CPU run) gets the plain
+torch backend (mlharness.sut.device_torch), pycuda allocations that IOBinding binds for onnxruntime
+(BufferStaging over mlharness.sut.device_memory). A backend without one (every CPU run) gets the plain
 StagedSamples, unchanged."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from sut.device_memory import DeviceArray, DeviceMemory
-from sut.processing import ProcessingContext
-from sut.staging import StagedSamples, _never_loaded
+from mlharness.sut.device_memory import DeviceArray, DeviceMemory
+from mlharness.sut.processing import ProcessingContext
+from mlharness.sut.staging import StagedSamples, _never_loaded
 
 Feed = dict[str, Any]  # input name -> a device value the backend's predict takes (or a host array)
 

@@ -73,7 +73,7 @@ class TorchDevice:
 
 
 class TorchStaging:
-    """DeviceStaging (sut.device_staging) as device tensors: staged once, gathered with index_select
+    """DeviceStaging (mlharness.sut.device_staging) as device tensors: staged once, gathered with index_select
     into a device buffer per worker; the row indices travel through a pinned buffer."""
 
     def __init__(self, torch_device: TorchDevice, max_batch_size: int):

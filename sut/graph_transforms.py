@@ -6,8 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.atomic_io import write_bytes
-from harness.errors import UserError, require
+from mlharness.atomic_io import write_bytes
+from mlharness.errors import UserError, require
 
 Transform = Callable[[Any], None]
 _TRANSFORMS: dict[str, Transform] = {}

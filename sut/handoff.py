@@ -1,7 +1,7 @@
 """Moving tensors between the stages: gather staged samples into a batch, and complete LoadGen
 queries with responses that point into one batch output buffer.
 
-Two implementations share this interface: the C extension `sut._native` (default when built)
+Two implementations share this interface: the C extension `mlharness.sut._native` (default when built)
 and the pure-Python one below (baseline and equivalence reference). `MLHARNESS_HANDOFF=python`
 forces the Python one.
 
@@ -78,25 +78,25 @@ def load_handoff(preference: str | None = None) -> Handoff:
     choice = (preference or os.environ.get("MLHARNESS_HANDOFF") or "native").lower()
     if choice == "native":
         try:
-            from sut import _native  # type: ignore[attr-defined]
+            from mlharness.sut import _native  # type: ignore[attr-defined]
         except ImportError:
             return PythonHandoff()
         return _native.NativeHandoff()
     if choice == "python":
         return PythonHandoff()
-    from harness.errors import UserError
+    from mlharness.errors import UserError
 
     raise UserError(f"MLHARNESS_HANDOFF={choice!r}: expected 'native' or 'python'")
 
 
 def load_issue_queue(scenario: str, preference: str | None = None) -> tuple[object | None, str]:
-    """(queue, why) for LoadGen's issue path: a sut._native.IssueQueue for Server (LoadGen's C SUT fills
+    """(queue, why) for LoadGen's issue path: a mlharness.sut._native.IssueQueue for Server (LoadGen's C SUT fills
     it without the GIL) unless MLHARNESS_ISSUE=python or the extension cannot reach LoadGen's C
     interface; else (None, why) and the SUT is called through the Python binding. Other scenarios
     always use the binding: SingleStream runs inline, Offline issues once, MultiStream rarely."""
     choice = (preference or os.environ.get("MLHARNESS_ISSUE") or "native").lower()
     if choice not in ("native", "python"):
-        from harness.errors import UserError
+        from mlharness.errors import UserError
 
         raise UserError(f"MLHARNESS_ISSUE={choice!r}: expected 'native' or 'python'")
     if scenario != "Server":
@@ -104,9 +104,9 @@ def load_issue_queue(scenario: str, preference: str | None = None) -> tuple[obje
     if choice == "python":
         return None, "python (MLHARNESS_ISSUE=python)"
     try:
-        from sut import _native  # type: ignore[attr-defined]
+        from mlharness.sut import _native  # type: ignore[attr-defined]
     except ImportError:
-        return None, "python (the C extension sut._native is not built)"
+        return None, "python (the C extension mlharness.sut._native is not built)"
     try:
         return _native.IssueQueue(), "native"
     except RuntimeError as exc:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 def loadgen_handles(sut: Any, total: int, performance_count: int,
                     load: Callable[[Sequence[int]], None],
                     unload: Callable[[Sequence[int]], None]) -> Iterator[tuple[Any, Any]]:
-    """(LoadGen SUT, QSL) for one test over `sut` (a sut.system_under_test.SystemUnderTest, started
+    """(LoadGen SUT, QSL) for one test over `sut` (a mlharness.sut.system_under_test.SystemUnderTest, started
     here and stopped on the way out)."""
     import mlperf_loadgen as lg
 

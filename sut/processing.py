@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 
 @dataclass

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from harness.errors import UserError
-from specs import artifacts
-from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
-from sut import backends, conversion  # noqa: F401 - conversion registers the converter
-from sut.backends.base import Backend
-from sut.device_staging import staged_samples
-from sut.processing import ProcessingContext, compile_function
-from sut.staging import StagedSamples
+from mlharness.errors import UserError
+from mlharness.specs import artifacts
+from mlharness.specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
+from mlharness.sut import backends, conversion  # noqa: F401 - conversion registers the converter
+from mlharness.sut.backends.base import Backend
+from mlharness.sut.device_staging import staged_samples
+from mlharness.sut.processing import ProcessingContext, compile_function
+from mlharness.sut.staging import StagedSamples
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Runtime:
 
 
 def resolve_sources(manifest: Any) -> dict[str, Path]:
-    """Every source of a manifest as a verified local file (converted ones made by sut.conversion)."""
+    """Every source of a manifest as a verified local file (converted ones made by mlharness.sut.conversion)."""
     return artifacts.resolve_all(manifest)
 
 
@@ -105,7 +105,7 @@ def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: Hard
     with _timed(seconds, "load_seconds"):
         backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
         backend.load()
-    # On a GPU the backend keeps the staged samples on its device (sut.device_staging).
+    # On a GPU the backend keeps the staged samples on its device (mlharness.sut.device_staging).
     staged = staged_samples(backend, items, model.inputs, preprocess, load, ctx)
     described = {**describe_sources(dataset, dataset_sources), **describe_sources(model, model_sources)}
     return Runtime(model, dataset, backend, staged, postprocess, ctx, {**dataset_sources, **model_sources}, described,

@@ -7,9 +7,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
-from specs.manifests import TensorSpec
-from sut.processing import ProcessingContext
+from mlharness.errors import UserError
+from mlharness.specs.manifests import TensorSpec
+from mlharness.sut.processing import ProcessingContext
 
 
 class SampleError(UserError):

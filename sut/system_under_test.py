@@ -2,7 +2,7 @@
 Server and MultiStream go through a batching queue served by worker threads; a query of several
 batches (Offline) is cut into runs of consecutive staged rows where it can be, which are fed as
 views of the staged arrays, and other batches are gathered into a per-worker buffer. Queries complete
-with responses that point into the batch's result buffer (see sut.handoff). Each batch's result is
+with responses that point into the batch's result buffer (see mlharness.sut.handoff). Each batch's result is
 checked against the manifest's declared result (ResultContract) before LoadGen sees it.
 
 A failure in user code or the backend stops the work: it is recorded with the sample indices,
@@ -18,12 +18,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from specs.manifests import TensorSpec
-from sut.backends.base import Backend
-from sut.handoff import Handoff
-from sut.output_groups import OutputGroup
-from sut.processing import ProcessingContext, batch_result_function, takes_inputs
-from sut.staging import SampleError, StagedSamples, declared_text, got_text
+from mlharness.specs.manifests import TensorSpec
+from mlharness.sut.backends.base import Backend
+from mlharness.sut.handoff import Handoff
+from mlharness.sut.output_groups import OutputGroup
+from mlharness.sut.processing import ProcessingContext, batch_result_function, takes_inputs
+from mlharness.sut.staging import SampleError, StagedSamples, declared_text, got_text
 
 INLINE_SCENARIOS = ("SingleStream",)
 
@@ -90,7 +90,7 @@ def rows_in_runs(rows: np.ndarray) -> np.ndarray:
 
 
 class FirstFailure:
-    """A SUT's first failure, kept once under a lock (the tensor SUT here, the token SUT in sut.llm):
+    """A SUT's first failure, kept once under a lock (the tensor SUT here, the token SUT in mlharness.sut.llm):
     once set, every query completes empty so LoadGen ends, and the runner raises it. The SUT sets
     `failure = None` and `_fail_lock` in its __init__."""
     failure: BaseException | None
@@ -128,13 +128,13 @@ class SystemUnderTest(FirstFailure):
         self.result_contract = ResultContract(result_spec) if result_spec is not None else None
         self.failure: SampleError | BaseException | None = None
         self.inline = scenario in INLINE_SCENARIOS
-        # The native issue path (Server): LoadGen's C SUT fills `issue_queue` (sut._native.IssueQueue)
+        # The native issue path (Server): LoadGen's C SUT fills `issue_queue` (mlharness.sut._native.IssueQueue)
         # without the GIL, and the workers take batches from it, waiting up to batch_wait_s for a batch
         # to fill. None: LoadGen calls issue_query through the Python binding.
         self.issue_queue = None if self.inline else issue_queue
         self.batch_wait_s = max(0.0, float(batch_wait_s))
         # One worker that is the caller's own thread (serve_here, while LoadGen's test runs on another:
-        # harness.running.runner.run_test_beside_caller). For torch on the CPU: its OpenMP runtime makes
+        # mlharness.running.runner.run_test_beside_caller). For torch on the CPU: its OpenMP runtime makes
         # parallel regions slow on a second live thread once the first has run some (docs/tuning.md).
         self.serve_on_caller = bool(serve_on_caller) and self.workers == 1 and not self.inline
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -142,18 +142,18 @@ class SystemUnderTest(FirstFailure):
         self._fail_lock = threading.Lock()
         self._batch_buffers = [dict() for _ in range(self.workers + 1)]  # per worker; the last is inline
         # Offline: each worker holds batches' outputs and postprocesses and completes them together,
-        # up to this many rows (sut.output_groups). Not for a postprocess that reads the batch's
+        # up to this many rows (mlharness.sut.output_groups). Not for a postprocess that reads the batch's
         # inputs (they are not held), nor under an observer (its spans are per batch).
         groups = scenario == "Offline" and not self.inline and observer is None and not takes_inputs(postprocess) \
             and int(postprocess_group_rows) > self.max_batch_size
         self.postprocess_group_rows = int(postprocess_group_rows) if groups else 0
         self._groups = [OutputGroup(self.postprocess_group_rows) for _ in range(self.workers)] if groups else None
-        # Samples staged on a GPU gather their batches there (sut.device_staging); the CPU path is untouched.
+        # Samples staged on a GPU gather their batches there (mlharness.sut.device_staging); the CPU path is untouched.
         device_gather = getattr(staged, "device_gather", None)
         if device_gather is not None:
             self._inputs_for = device_gather  # type: ignore[method-assign]
         # Samples answered, one count per worker (the last inline), each written by its worker only:
-        # a progress display reads their sum from its own thread (harness.running.progress).
+        # a progress display reads their sum from its own thread (mlharness.running.progress).
         self._completed = [0] * (self.workers + 1)
         import mlperf_loadgen as lg
 

@@ -13,9 +13,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sut.processing import batch_result_function
-from sut.runtime import Runtime
-from sut.staging import SampleError, StagedSamples
+from mlharness.sut.processing import batch_result_function
+from mlharness.sut.runtime import Runtime
+from mlharness.sut.staging import SampleError, StagedSamples
 
 
 def first_inference_and_warm_up(runtime: Runtime, max_batch_size: int, queries: int, seconds: float) -> dict[str, Any]:

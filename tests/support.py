@@ -8,7 +8,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from harness.cli import main
+from mlharness.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,7 @@ def copy_specs(dest: Path) -> Path:
 
 def run_ids(results: Path) -> set[str]:
     """Ids of the runs stored in a results directory's database (none when it has no database)."""
-    from harness.store.result_store import ResultStore
+    from mlharness.store.result_store import ResultStore
 
     if not (results / "mlharness.sqlite").exists():
         return set()

@@ -10,7 +10,7 @@ from tests.support import failing_null_model, read_run, run_cli, scenario_root, 
 
 
 def _reference(folder: Path, top1: float, tolerance: float, outputs: str = "") -> Path:
-    from specs.manifests import load_manifest
+    from mlharness.specs.manifests import load_manifest
 
     model = load_manifest(folder.parent / "models" / "null.yaml")
     dataset = load_manifest(folder.parent / "datasets" / "null-samples.yaml")

@@ -1,4 +1,4 @@
-"""The small Python API (`from harness import ...`): the README's example runs as written, and
+"""The small Python API (`from mlharness import ...`): the README's example runs as written, and
 importing the package stays light."""
 from __future__ import annotations
 
@@ -50,10 +50,11 @@ def test_readme_example_runs(tmp_path: Path) -> None:
 
 
 def test_public_names_import_without_a_framework(tmp_path: Path) -> None:
-    code = ("import json, sys\nfrom harness import " + ", ".join(API) + "\nimport harness\n"
-            "print(json.dumps(harness.__all__))\n"
+    code = ("import json, sys\nfrom mlharness import " + ", ".join(API) + "\nimport mlharness\n"
+            "print(json.dumps(mlharness.__all__))\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'onnxruntime', 'onnx', 'transformers', 'numpy', 'mlperf_loadgen', 'sut'))))")
+            "('torch', 'onnxruntime', 'onnx', 'transformers', 'numpy', 'mlperf_loadgen') "
+            "or m.startswith('mlharness.sut'))))")
     result = _python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     exported, heavy = (json.loads(line) for line in result.stdout.splitlines())
@@ -62,12 +63,12 @@ def test_public_names_import_without_a_framework(tmp_path: Path) -> None:
 
 
 def test_import_harness_alone_defers_the_request_and_store_modules(tmp_path: Path) -> None:
-    code = ("import sys, harness\nprint(sorted(m for m in sys.modules if m in "
-            "('harness.running.request', 'harness.store.result_store', 'harness.running.runner', 'sqlite3')))\n"
-            "print(harness.RunRequest.__module__, harness.ResultStore.__module__)")
+    code = ("import sys, mlharness\nprint(sorted(m for m in sys.modules if m in "
+            "('mlharness.running.request', 'mlharness.store.result_store', 'mlharness.running.runner', 'sqlite3')))\n"
+            "print(mlharness.RunRequest.__module__, mlharness.ResultStore.__module__)")
     result = _python(code, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[]", "harness.running.request harness.store.result_store"]
+    assert result.stdout.splitlines() == ["[]", "mlharness.running.request mlharness.store.result_store"]
 
 
 def test_the_recorded_command_is_the_one_given_to_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,14 +89,16 @@ def test_the_run_process_imports_the_callers_harness(tmp_path: Path) -> None:
     import shutil
 
     copy = tmp_path / "copy"
-    for package in ("harness", "sut", "specs", "profiling", "scenarios"):
-        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
-    runner = copy / "harness" / "running" / "runner.py"
+    # The namespace as plain folders: harness/ is mlharness/, sut/ is mlharness/sut/, ...
+    shutil.copytree(REPO / "harness", copy / "mlharness", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("sut", "specs", "profiling", "scenarios"):
+        shutil.copytree(REPO / package, copy / "mlharness" / package, ignore=shutil.ignore_patterns("__pycache__"))
+    runner = copy / "mlharness" / "running" / "runner.py"
     marker = tmp_path / "imported-from.txt"
     runner.write_text(runner.read_text() + f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text(__file__)\n")
     # Imported from the copy (the working directory), then run from elsewhere, as pytest's tests
     # run in their own tmp_path.
-    code = (f"import os\nfrom harness.cli import main\nos.chdir({str(tmp_path)!r})\n"
+    code = (f"import os\nfrom mlharness.cli import main\nos.chdir({str(tmp_path)!r})\n"
             f"raise SystemExit(main(['run', 'null', '--scenario', 'Offline', '--quick', '--results-dir', {str(tmp_path / 'r')!r}]))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True,

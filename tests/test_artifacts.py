@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from specs.artifacts import extract, resolve
-from specs.manifests import Artifact
+from mlharness.errors import UserError
+from mlharness.specs.artifacts import extract, resolve
+from mlharness.specs.manifests import Artifact
 from tests.support import sha256
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.atomic_io import write_bytes, write_text
+from mlharness.atomic_io import write_bytes, write_text
 
 
 def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Backends: the registry, ONNX Runtime batching after the symbolic_batch transform, PyTorch from a
-factory + state dict and from TorchScript, null; and `import harness` without any framework."""
+factory + state dict and from TorchScript, null; and `import mlharness` without any framework."""
 from __future__ import annotations
 
 import subprocess
@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import UserError
-from specs.manifests import load_manifest
-from sut import backends
+from mlharness.errors import UserError
+from mlharness.specs.manifests import load_manifest
+from mlharness.sut import backends
 from tests.support import REPO, linear_torch_model, read_run, run_cli, sha256, write_manifest
 
 
 def test_harness_imports_without_frameworks() -> None:
-    code = ("import sys, harness, harness.cli, harness.running.runner, sut.runtime, sut.system_under_test;"
+    code = ("import sys, harness, mlharness.cli, mlharness.running.runner, mlharness.sut.runtime, sut.system_under_test;"
             "bad = [m for m in ('torch', 'onnxruntime', 'onnx', 'transformers') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -30,7 +30,7 @@ def test_registry_rejects_unknown_backend() -> None:
 
 
 def _load(model_path: Path, backend: str, hardware: str = "cpu.yaml"):
-    from sut.runtime import resolve_sources
+    from mlharness.sut.runtime import resolve_sources
 
     model = load_manifest(model_path)
     hw = load_manifest(REPO / "specs" / "hardware" / hardware)

@@ -13,10 +13,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from harness.bricks import compose
-from harness.errors import UserError
-from harness.store.result_store import ResultStore
-from sut import bricks as sb
+from mlharness.bricks import compose
+from mlharness.errors import UserError
+from mlharness.store.result_store import ResultStore
+from mlharness.sut import bricks as sb
 from tests.support import run_cli, sha256, write_manifest
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -404,7 +404,7 @@ class _FakeSampler:
 
 
 def test_the_estimate_rule_extends_the_brick_that_widens_the_interval_most() -> None:
-    from harness.bricks.runner import _refine
+    from mlharness.bricks.runner import _refine
 
     wide = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])  # median 5.5, CI 1..10
     narrow = _FakeSampler([5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.01])

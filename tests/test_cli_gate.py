@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import run_cli, sha256, write_manifest
 
 RULE = "offline.samples_per_second:-5%"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import REPO, failing_null_model, linear_torch_model, run_cli
 
 

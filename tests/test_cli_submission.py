@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import REPO, run_cli
 
 MODEL = "null-resnet"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.result_store import ResultStore
-from harness.sweeps.sweep_grid import load_grid
+from mlharness.store.result_store import ResultStore
+from mlharness.sweeps.sweep_grid import load_grid
 from tests.support import run_cli
 
 GRID = """\

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import REPO, run_cli
 
 ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
@@ -62,7 +62,7 @@ class Cluster:
                          "--ray-client-server-port", str(_free_port())]
         log = open(self.root / f"node-{name}.log", "wb")
         self.nodes[name] = subprocess.Popen(
-            [sys.executable, "-m", "harness.cli", "node", *where, "--name", name, *args, "--", *ray_args],
+            [sys.executable, "-m", "mlharness.cli", "node", *where, "--name", name, *args, "--", *ray_args],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
         log.close()
         deadline = time.monotonic() + 60
@@ -147,7 +147,7 @@ def driver(cluster: Cluster, cwd: Path, *args: str, progress: bool = False) -> s
     # SIGINT as a terminal's user has it: started from a background job (nohup, `&` in a script) the
     # child inherits it ignored, Python then never raises KeyboardInterrupt, and Ctrl-C does nothing.
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from harness.cli import main\nsys.exit(main(sys.argv[1:]))")
+            "from mlharness.cli import main\nsys.exit(main(sys.argv[1:]))")
     return subprocess.Popen([sys.executable, "-c", code, "sweep", *args, "--cluster", cluster.address],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -257,14 +257,14 @@ def test_a_cell_no_node_can_run_is_unschedulable_at_once(cluster: Cluster, tmp_p
 
 
 def launcher_children(cluster: Cluster, name: str) -> list[int]:
-    """The cell processes (harness.running.launcher children) started by a node's Ray workers."""
+    """The cell processes (mlharness.running.launcher children) started by a node's Ray workers."""
     import psutil
 
     workers = set(cluster.session_pids(name))
     found = []
     for process in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = process.info["cmdline"] or []
-        if "harness.running.launcher" in cmdline and process.info["ppid"] in workers:
+        if "mlharness.running.launcher" in cmdline and process.info["ppid"] in workers:
             found.append(process.pid)
     return found
 
@@ -337,7 +337,7 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
 def test_without_ray_cluster_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
     grid = write_grid(tmp_path / "grid.yaml", "noray", ["cpu"], scenarios="[Offline]", batch_sizes="[4]")
     code = ("import sys; sys.modules['ray'] = None\n"  # `import ray` fails as where it is not installed
-            "from harness.cli import main\n"
+            "from mlharness.cli import main\n"
             f"sys.exit(main(['sweep', {str(grid)!r}, '--cluster', 'ray']))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.records.record_metrics import flatten, higher_is_better
-from specs.manifests import load_manifest
-from sut.runtime import Runtime, build_runtime
-from sut.staging import SampleError
-from sut.warmup import first_inference_and_warm_up
+from mlharness.records.record_metrics import flatten, higher_is_better
+from mlharness.specs.manifests import load_manifest
+from mlharness.sut.runtime import Runtime, build_runtime
+from mlharness.sut.staging import SampleError
+from mlharness.sut.warmup import first_inference_and_warm_up
 from tests.support import REPO, write_manifest
 
 SPECS = REPO / "specs"
@@ -200,7 +200,7 @@ def test_flatten_yields_cold_start_figures_lower_is_better() -> None:
 
 
 def test_peak_rss_grows_with_touched_memory() -> None:
-    code = ("import numpy as np, sys; from harness import resources;"
+    code = ("import numpy as np, sys; from mlharness import resources;"
             "before = resources.peak_rss_bytes(); big = np.ones(256 * 2**20, np.uint8);"
             "after = resources.peak_rss_bytes(); current = resources.current_rss_bytes();"
             "print(before, after, current, resources.device_memory('cuda:0'), resources.device_memory('cpu'),"
@@ -215,7 +215,7 @@ def test_device_memory_reports_torch_cuda_peaks() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from harness.resources import device_memory
+    from mlharness.resources import device_memory
 
     block = torch.ones(64 * 2**20, dtype=torch.uint8, device="cuda:0")
     found = device_memory("cuda:0")
@@ -225,9 +225,9 @@ def test_device_memory_reports_torch_cuda_peaks() -> None:
 
 
 def test_summary_and_report_show_cold_start(tmp_path: Path) -> None:
-    from harness.commands.run import format_summary
-    from harness.compare.report import write_report
-    from harness.records.run_record import RunRecord
+    from mlharness.commands.run import format_summary
+    from mlharness.compare.report import write_report
+    from mlharness.records.run_record import RunRecord
 
     record = RunRecord(run_id="r1", command="", model={"name": "null"}, dataset={}, backend="null",
                        scenario="Offline", mode="performance", status="ok", cold_start=COLD_START)

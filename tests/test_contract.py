@@ -74,7 +74,7 @@ def _run(results: Path, scenario: str = "Offline") -> int:
 def _runner_gives_the_sut_its_result_spec() -> bool:
     import inspect
 
-    from harness.running import runner
+    from mlharness.running import runner
 
     return "result_spec=" in inspect.getsource(runner.run_loadgen)
 

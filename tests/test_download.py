@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from specs.artifacts import resolve
-from specs.manifests import Artifact
+from mlharness.errors import UserError
+from mlharness.specs.artifacts import resolve
+from mlharness.specs.manifests import Artifact
 from tests.support import linear_torch_model, run_cli, scenario_root, write_manifest
 
 PAYLOAD = b"weights over https\n" * 64

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.records.run_record import RUN_SCHEMA_VERSION
-from harness.running.system import check_software, detect_system, system_name
-from specs.manifests import load_manifest
+from mlharness.errors import UserError
+from mlharness.records.run_record import RUN_SCHEMA_VERSION
+from mlharness.running.system import check_software, detect_system, system_name
+from mlharness.specs.manifests import load_manifest
 from tests.support import read_run, run_cli, write_manifest
 
 

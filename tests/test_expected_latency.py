@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.running.runner import _expect_measured_latency
-from harness.running.settings import Settings
+from mlharness.running.runner import _expect_measured_latency
+from mlharness.running.settings import Settings
 from tests.support import REPO, run_cli
 
 

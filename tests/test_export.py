@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import NULL_OFFLINE, null_offline_pair, run_cli, run_new
 
 

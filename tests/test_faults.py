@@ -43,7 +43,7 @@ def start(results: Path, *args: str) -> subprocess.Popen:
     # This tree first; what the caller had on PYTHONPATH (a mutation run's hooks, say) stays behind it.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     env.pop("MLHARNESS_DB", None)
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *args, "--results-dir", str(results)],
+    return subprocess.Popen([sys.executable, "-m", "mlharness.cli", "run", *args, "--results-dir", str(results)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -296,7 +296,7 @@ def test_two_runs_at_once_into_one_results_dir(earlier: tuple[Path, dict[str, st
     assert len(runs) == 3 and all(status == "ok" for status, _ in runs.values())
     # The published folder holds one run's files, not a mix: the summary beside run.json is the one
     # that run parsed (LoadGen's figures and its timestamped log differ between the two runs).
-    from harness.records.loadgen_logs import parse_summary
+    from mlharness.records.loadgen_logs import parse_summary
 
     folder = next(results.glob("*/null/Offline"))
     record = json.loads((folder / "run.json").read_text())

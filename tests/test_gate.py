@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare.gate import parse_rule
-from harness.errors import UserError
-from harness.store.result_store import ResultStore
+from mlharness.compare.gate import parse_rule
+from mlharness.errors import UserError
+from mlharness.store.result_store import ResultStore
 from tests.support import NULL_OFFLINE, REPO, null_offline_pair, run_cli, run_new
 
 SLOW = REPO / "tests" / "data" / "null-slow.yaml"

@@ -11,11 +11,11 @@ from itertools import combinations
 
 import pytest
 
-from harness.compare import gate
-from harness.compare.gate import DEFAULT_ALPHA, config_key, evaluate, parse_match, parse_rule
-from harness.compare.gate_output import markdown
-from harness.errors import UserError
-from harness.records.run_record import RunRecord
+from mlharness.compare import gate
+from mlharness.compare.gate import DEFAULT_ALPHA, config_key, evaluate, parse_match, parse_rule
+from mlharness.compare.gate_output import markdown
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
 
 THROUGHPUT = "offline.samples_per_second"
 SYSTEM = {"cpu_model": "Xeon A", "logical_cpus": 8}

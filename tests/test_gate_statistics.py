@@ -1,7 +1,7 @@
 """The gate's statistics on fixed numbers with answers worked out here, independently of the code:
 Mann-Whitney U p-values by enumerating every split of the pooled runs, bootstrap shares where the
 resampled medians have a known distribution, and the verdict rules (limit and significance) of
-harness.compare.gate on records built in memory. No run, no timing: the same answers on any machine."""
+mlharness.compare.gate on records built in memory. No run, no timing: the same answers on any machine."""
 from __future__ import annotations
 
 import math
@@ -10,10 +10,10 @@ from itertools import combinations
 
 import pytest
 
-from harness.compare import gate
-from harness.compare.gate import DEFAULT_ALPHA, evaluate, parse_rule
-from harness.errors import UserError
-from harness.records.run_record import RunRecord
+from mlharness.compare import gate
+from mlharness.compare.gate import DEFAULT_ALPHA, evaluate, parse_rule
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
 
 THROUGHPUT = "offline.samples_per_second"
 

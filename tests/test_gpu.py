@@ -52,9 +52,9 @@ needs_torch = pytest.mark.skipif(TORCH_PROBLEM is not None, reason=f"torch GPU p
 
 
 def _runtime(model: str, backend: str, hardware: str, options: dict[str, Any]) -> Any:
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.runtime import build_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.runtime import build_runtime
 
     index = default_index()
     manifest = select_model(index, model, backend)
@@ -65,8 +65,8 @@ def _runtime(model: str, backend: str, hardware: str, options: dict[str, Any]) -
 
 @needs_ort
 def test_pycuda_gather_and_iobinding_equal_the_cpu_session() -> None:
-    from sut.device_memory import PycudaMemory
-    from sut.device_staging import DeviceStagedSamples
+    from mlharness.sut.device_memory import PycudaMemory
+    from mlharness.sut.device_staging import DeviceStagedSamples
 
     cpu = _runtime("resnet50-light", "onnxruntime", "cpu", {})
     gpu = _runtime("resnet50-light", "onnxruntime", "cuda0", {})
@@ -115,7 +115,7 @@ def test_tensorrt_reaches_the_provider_and_the_record(tmp_path: Path) -> None:
 def test_torch_staging_on_the_device_gathers_with_index_select() -> None:
     import torch
 
-    from sut.device_torch import TorchDevice, TorchStaging
+    from mlharness.sut.device_torch import TorchDevice, TorchStaging
 
     on = TorchDevice(torch, torch.device("cuda:0"))
     staging = TorchStaging(on, 4)

@@ -3,7 +3,7 @@ IOBinding with bound inputs and preallocated outputs, the torch device path, the
 refusals, the refusals of a cuda device on a machine without one, CUDA-event spans in the harness
 level, NVML readings, the record, and the benchmark's refusal.
 
-Where a GPU would hold memory, sut.device_memory.HostMemory holds it on the host: ONNX Runtime binds
+Where a GPU would hold memory, mlharness.sut.device_memory.HostMemory holds it on the host: ONNX Runtime binds
 "cpu" addresses through IOBinding exactly as it binds "cuda" ones, and the torch pieces take their
 device as an argument, so the code that gathers, binds, runs and copies out is the code that runs on a
 GPU. What only a GPU has (pycuda allocations and streams, CUDA events, NVML readings, CUDA graphs) is
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.errors import UserError
-from sut.device_memory import DeviceArray, HostMemory, check_rows, pycuda_problem, row_runs
-from sut.device_staging import BufferStaging, DeviceStagedSamples
+from mlharness.errors import UserError
+from mlharness.sut.device_memory import DeviceArray, HostMemory, check_rows, pycuda_problem, row_runs
+from mlharness.sut.device_staging import BufferStaging, DeviceStagedSamples
 from tests.support import REPO
 
 ORT_MODEL = "mobilenet-v2"  # its outputs differ from sample to sample (resnet50-light's are all 0.001)
@@ -64,9 +64,9 @@ def test_buffer_staging_gathers_what_numpy_take_gives_into_one_buffer_per_worker
 
 def _ort_runtime(limit: int = 16, max_batch_size: int = 4) -> Any:
     pytest.importorskip("onnxruntime")
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.runtime import build_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.runtime import build_runtime
 
     index = default_index()
     model = select_model(index, ORT_MODEL, "onnxruntime")
@@ -77,7 +77,7 @@ def _ort_runtime(limit: int = 16, max_batch_size: int = 4) -> Any:
 
 def _on_host_memory(runtime: Any) -> DeviceStagedSamples:
     """The onnxruntime GPU path with HostMemory for device memory: bound predict, device staging."""
-    from sut.device_staging import staged_samples
+    from mlharness.sut.device_staging import staged_samples
 
     backend = runtime.backend
     backend._load_device_path(HostMemory())
@@ -114,8 +114,8 @@ def test_iobinding_outputs_equal_session_run_and_land_in_reused_host_buffers() -
 
 
 def test_the_cpu_path_is_untouched_when_no_device_is_used() -> None:
-    from sut.staging import StagedSamples
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.sut.staging import StagedSamples
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     runtime = _ort_runtime()
     assert type(runtime.staged) is StagedSamples
@@ -130,9 +130,9 @@ def _loadgen_accuracy(runtime: Any, scenario: str, out: Path) -> dict[int, bytes
     """A real LoadGen accuracy test over the SUT; each sample's response bytes by sample index."""
     import mlperf_loadgen as lg
 
-    from sut.handoff import load_handoff
-    from sut.loadgen_handles import loadgen_handles
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.sut.handoff import load_handoff
+    from mlharness.sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     count = len(runtime.staged)
     sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(), scenario=scenario,
@@ -175,9 +175,9 @@ def test_loadgen_reads_each_samples_own_output_through_the_device_path(tmp_path:
 
 def _torch_runtime(options: dict[str, Any] | None = None) -> Any:
     pytest.importorskip("torch")
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.runtime import build_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.runtime import build_runtime
 
     index = default_index()
     model = select_model(index, TORCH_MODEL, "torch")
@@ -209,7 +209,7 @@ def test_torch_device_path_gathers_with_index_select_and_returns_each_samples_ou
 
 
 def test_cuda_graphs_is_a_boolean_harness_key_recorded_with_the_settings() -> None:
-    from harness.running.settings import HARNESS_KEYS, Settings
+    from mlharness.running.settings import HARNESS_KEYS, Settings
 
     assert "cuda_graphs" in HARNESS_KEYS
     settings = Settings(scenario="Offline", mode="performance", conf_model="resnet50")
@@ -221,7 +221,7 @@ def test_cuda_graphs_is_a_boolean_harness_key_recorded_with_the_settings() -> No
 
 
 def test_cuda_graphs_on_the_cpu_or_with_symbolic_dims_is_refused_in_one_line() -> None:
-    from sut.device_torch import cuda_graph_problem, graph_batch_sizes
+    from mlharness.sut.device_torch import cuda_graph_problem, graph_batch_sizes
 
     fixed = SimpleNamespace(name="x", sample_shape=lambda: (3, 224, 224))
     tokens = SimpleNamespace(name="ids", sample_shape=lambda: ("seq",))
@@ -257,7 +257,7 @@ def _no_gpu() -> None:
 def test_cuda0_without_a_gpu_is_one_line_and_a_non_zero_exit(tmp_path: Path, model: str, backend: str,
                                                              expected: str) -> None:
     _no_gpu()
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", model, "--backend", backend, "--scenario",
+    done = subprocess.run([sys.executable, "-m", "mlharness.cli", "run", model, "--backend", backend, "--scenario",
                            "Offline", "--hardware", "cuda0", "--quick", "--quiet", "--results-dir", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
@@ -273,7 +273,7 @@ def test_cuda0_without_a_gpu_is_one_line_and_a_non_zero_exit(tmp_path: Path, mod
 ])
 def test_cuda_graphs_where_it_cannot_apply_is_refused_before_anything_is_written(
         tmp_path: Path, model: str, backend: str, expected: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", model, "--backend", backend, "--scenario",
+    done = subprocess.run([sys.executable, "-m", "mlharness.cli", "run", model, "--backend", backend, "--scenario",
                            "Offline", "--quick", "--quiet", "--set", "cuda_graphs=1", "--results-dir",
                            str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
@@ -290,7 +290,7 @@ def test_pycuda_missing_is_named_with_the_gpu_extra() -> None:
         pass
     problem = pycuda_problem()
     assert problem is not None and problem.endswith("pip install 'mlharness[gpu]'")
-    from sut.device_memory import PycudaMemory
+    from mlharness.sut.device_memory import PycudaMemory
 
     with pytest.raises(UserError, match=r"needs pycuda .*mlharness\[gpu\]"):
         PycudaMemory(0)
@@ -300,8 +300,8 @@ def test_tensorrt_settings_reach_the_provider_options(tmp_path: Path) -> None:
     """The providers onnxruntime would get on a GPU machine; only the provider list (what a GPU build of
     onnxruntime reports) is supplied, since this build has no GPU providers."""
     pytest.importorskip("onnxruntime")
-    from specs.manifests import load_manifest
-    from sut.backends.onnxruntime_backend import OnnxRuntimeBackend, provider_problem
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.sut.backends.onnxruntime_backend import OnnxRuntimeBackend, provider_problem
 
     path = tmp_path / "trt.yaml"
     path.write_text("kind: hardware\nname: trt\nversion: 1.0.0\ndevice: cuda:1\n"
@@ -322,7 +322,7 @@ def test_tensorrt_settings_reach_the_provider_options(tmp_path: Path) -> None:
 
 def test_device_timings_are_kept_only_while_timing_is_on() -> None:
     """Stand-in events (a CUDA event cannot exist here): each carries the elapsed time it reports."""
-    from sut.device_timing import DeviceTimings
+    from mlharness.sut.device_timing import DeviceTimings
 
     timings = DeviceTimings()
     calls = []
@@ -343,10 +343,10 @@ def test_device_timings_are_kept_only_while_timing_is_on() -> None:
 def test_harness_level_draws_cuda_event_spans_on_the_device_track(tmp_path: Path) -> None:
     """The backend's device timings stand in for CUDA events (no GPU here); the harness level must turn
     timing on and off around the test and draw each as a device span with its own stage figures."""
-    from profiling.clock import ClockAnchor
-    from profiling.harness_tracer import HarnessTracer
-    from profiling.tracer import TraceContext
-    from sut.device_timing import DeviceTiming
+    from mlharness.profiling.clock import ClockAnchor
+    from mlharness.profiling.harness_tracer import HarnessTracer
+    from mlharness.profiling.tracer import TraceContext
+    from mlharness.sut.device_timing import DeviceTiming
 
     class GpuBackend:
         device_timing_unavailable = None
@@ -377,7 +377,7 @@ def test_harness_level_draws_cuda_event_spans_on_the_device_track(tmp_path: Path
 
 def test_nvml_readings_include_power_and_clocks_and_skip_what_a_board_lacks() -> None:
     """A stand-in pynvml (no driver here) answering as NVML does, one GPU without a power reading."""
-    from profiling import nvml
+    from mlharness.profiling import nvml
 
     class NVMLError(Exception):
         pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sut.staging import SampleError
+from mlharness.sut.staging import SampleError
 from tests.test_staging import staged
 
 
@@ -42,8 +42,8 @@ def test_feed_of_follows_every_load_and_unload() -> None:
 
 
 def test_null_outputs_follow_the_batch_size_and_a_caller_cannot_spoil_them() -> None:
-    from sut import backends
-    from specs.index import default_index
+    from mlharness.sut import backends
+    from mlharness.specs.index import default_index
 
     index = default_index()
     model = next(m for m in index.named("model", "null"))

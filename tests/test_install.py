@@ -69,7 +69,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Install:
     return Install(wheels[0], site, env)
 
 
-CLI = (sys.executable, "-m", "harness.cli")
+CLI = (sys.executable, "-m", "mlharness.cli")
 
 
 def _run(install: Install, cwd: Path, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -84,14 +84,14 @@ def test_the_wheel_carries_the_specs_presets_and_c_extension(installed: Install)
     assert "specs/models/null.yaml" in shipped and "scenarios/quick.yaml" in shipped
     assert shipped <= names, sorted(shipped - names)
     assert {"specs/__init__.py", "scenarios/__init__.py"} <= names
-    assert [n for n in names if n.startswith("sut/_native") and n.endswith(".so")], "no sut._native in the wheel"
+    assert [n for n in names if n.startswith("sut/_native") and n.endswith(".so")], "no mlharness.sut._native in the wheel"
     assert not [n for n in names if n.startswith("scenarios/baselines/")]  # CI's records stay in the checkout
 
 
 def test_installed_copy_is_the_one_imported_and_finds_its_data(installed: Install, tmp_path: Path) -> None:
     code = ("import json, harness, specs, scenarios, sut._native\n"
-            "from specs.index import specs_root\nfrom harness.running.settings import scenarios_root\n"
-            "print(json.dumps([harness.__file__, specs.__file__, scenarios.__file__, sut._native.__file__,"
+            "from mlharness.specs.index import specs_root\nfrom mlharness.running.settings import scenarios_root\n"
+            "print(json.dumps([harness.__file__, specs.__file__, scenarios.__file__, mlharness.sut._native.__file__,"
             " str(specs_root()), str(scenarios_root())]))")
     result = _run(installed, tmp_path, sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
@@ -113,13 +113,13 @@ def test_specs_list_from_the_install(installed: Install, tmp_path: Path) -> None
 
 def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) -> None:
     # PYTHONVERBOSE: both processes name every file they import, so the launcher's child can be
-    # seen importing the installed copy (sut._native is imported by the child only).
+    # seen importing the installed copy (mlharness.sut._native is imported by the child only).
     verbose = dict(installed.env, PYTHONVERBOSE="1")
     result = _run(installed, tmp_path, *CLI, "run", "null", "--scenario", "Offline", "--quick", "--results-dir", "R",
                   env=verbose)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "null (null) Offline performance: ok" in result.stdout
-    assert f"extension module 'sut._native' loaded from '{installed.site / 'sut'}" in result.stderr
+    assert f"extension module 'mlharness.sut._native' loaded from '{installed.site / 'sut'}" in result.stderr
     for package in PACKAGES:
         assert f"{REPO / package}{os.sep}" not in result.stderr, f"imported the checkout's {package}"
     record = json.loads(next((tmp_path / "R").glob("*/null/Offline/run.json")).read_text())

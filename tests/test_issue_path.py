@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import newest_run, run_cli
 
-native = pytest.importorskip("sut._native", reason="the C extension is not built")
+native = pytest.importorskip("mlharness.sut._native", reason="the C extension is not built")
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
@@ -60,8 +60,8 @@ def test_the_batch_wait_is_bounded_by_the_target_less_two_measured_batch_times(t
     ("Offline", 8.0, 10, 3.0, {"batch_wait_ms": 0.0}),
 ])
 def test_the_batch_wait_bound_rule(scenario: str, wanted: float, target: Any, service: Any, expected: dict) -> None:
-    from harness.running.runner import batch_wait_bound
-    from harness.running.settings import build_settings
+    from mlharness.running.runner import batch_wait_bound
+    from mlharness.running.settings import build_settings
 
     settings = build_settings(scenario=scenario, mode="performance", conf_model="m", model_name="m",
                               overrides=[] if target is None else [f"target_latency={target}"])
@@ -70,7 +70,7 @@ def test_the_batch_wait_bound_rule(scenario: str, wanted: float, target: Any, se
 
 
 def test_the_service_time_is_the_warm_ups_only_when_it_ran_full_batches() -> None:
-    from harness.running.runner import full_batch_service_ms
+    from mlharness.running.runner import full_batch_service_ms
 
     warm = {"warmup": {"queries": 4, "seconds": 0.02, "batch_size": 8}}
     assert full_batch_service_ms(warm, 8) == pytest.approx(5.0)

@@ -20,11 +20,11 @@ from typing import Callable
 import psutil
 import pytest
 
-from harness.errors import RunFailed, RunInterrupted, UserError
-from harness.records.results import ScenarioDir
-from harness.records.run_record import RunRecord, new_run_id
-from harness.running import launcher
-from harness.running.launcher import (
+from mlharness.errors import RunFailed, RunInterrupted, UserError
+from mlharness.records.results import ScenarioDir
+from mlharness.records.run_record import RunRecord, new_run_id
+from mlharness.running import launcher
+from mlharness.running.launcher import (
     OUTCOME_SCHEMA_VERSION,
     STAGING_PREFIX,
     LocalLauncher,
@@ -38,9 +38,9 @@ from harness.running.launcher import (
     run_request,
     store_record,
 )
-from harness.running.request import RunRequest
-from harness.store import result_store
-from harness.store.result_store import ResultStore
+from mlharness.running.request import RunRequest
+from mlharness.store import result_store
+from mlharness.store.result_store import ResultStore
 
 
 def record(run_id: str | None = None, **changes: object) -> RunRecord:
@@ -697,11 +697,11 @@ def test_run_request_turns_outcomes_into_records_and_errors(tmp_path: Path) -> N
 
 
 def test_each_run_kind_has_its_runner() -> None:
-    import harness.bricks.runner
-    import harness.running.runner
+    import mlharness.bricks.runner
+    import mlharness.running.runner
 
-    assert launcher.runner_for("loadgen") is harness.running.runner
-    assert launcher.runner_for("bricks") is harness.bricks.runner
+    assert launcher.runner_for("loadgen") is mlharness.running.runner
+    assert launcher.runner_for("bricks") is mlharness.bricks.runner
     with pytest.raises(KeyError):
         launcher.runner_for("other")
 
@@ -870,16 +870,17 @@ def test_a_child_that_ignores_the_forwarded_signal_is_killed_after_the_grace(tmp
 def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Path, private_tmp: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's process imports the harness the parent runs (this checkout), with the folder that
-    holds it first on PYTHONPATH and the caller's entries after it; its stderr goes to `output`."""
-    import harness
+    holds a plain `mlharness` folder first on PYTHONPATH (none for an editable install) and the caller's
+    entries after it; its stderr goes to `output`."""
+    import mlharness
 
     seen = tmp_path / "seen.json"
     extra = str(tmp_path / "on-the-callers-path")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (extra, os.environ.get("PYTHONPATH")) if p))
-    model = null_with(tmp_path / "models", "import json, os, sys\nimport numpy as np\nimport harness\n\n"
+    model = null_with(tmp_path / "models", "import json, os, sys\nimport numpy as np\nimport mlharness\n\n"
                                            "def preprocess(sample, ctx):\n"
                                            f"    with open({str(seen)!r}, 'w') as out:\n"
-                                           "        json.dump([harness.__file__, os.environ['PYTHONPATH']], out)\n"
+                                           "        json.dump([mlharness.__file__, os.environ['PYTHONPATH']], out)\n"
                                            "    print('stderr of the run', file=sys.stderr)\n"
                                            "    return np.array([sample], dtype=np.float32)\n")
     out = tmp_path / "out.txt"
@@ -887,15 +888,16 @@ def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Pat
     outcome = LocalLauncher(store=False, output=out).submit(req)
     assert outcome.kind == "result", outcome.error
     imported, path = json.loads(seen.read_text())
-    root = str(Path(harness.__file__).resolve().parents[1])
-    assert Path(imported).resolve() == Path(harness.__file__).resolve()
-    assert path.split(os.pathsep)[:2] == [root, extra]
+    root = launcher.package_root()
+    assert Path(imported).resolve() == Path(mlharness.__file__).resolve()
+    expected = [root, extra] if root else [extra]  # an editable install's finder needs no folder on the path
+    assert path.split(os.pathsep)[:len(expected)] == expected
     assert "stderr of the run" in out.read_text()
 
 
 def test_the_run_process_dies_with_its_parent() -> None:
     """Linux: the child asks for SIGHUP when the launching process dies (prctl PR_SET_PDEATHSIG)."""
-    code = ("import ctypes\nfrom harness.running import launcher\nlauncher._die_with_parent()\n"
+    code = ("import ctypes\nfrom mlharness.running import launcher\nlauncher._die_with_parent()\n"
             "sig = ctypes.c_int()\nctypes.CDLL(None).prctl(2, ctypes.byref(sig))\nprint(sig.value)\n")
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -905,17 +907,17 @@ def test_the_run_process_dies_with_its_parent() -> None:
     # The parent died before the request took effect (its pid is no longer our parent's): SIGHUP now.
     # The run's child installs its SIGHUP handler first (_watch_signals); the default stands in for it here, not
     # what this process inherited (under nohup SIGHUP is ignored, and the child would live on).
-    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom harness.running import launcher\n"
+    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom mlharness.running import launcher\n"
             "launcher._PARENT_PID = -1\nlauncher._die_with_parent()\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGHUP and "alive" not in done.stdout
 
 
 # ---- the run's process itself ---------------------------------------------------------------------
-# The launcher starts it as `python -m harness.running.launcher`, where the module is __main__: a
+# The launcher starts it as `python -m mlharness.running.launcher`, where the module is __main__: a
 # mutation run would neither see nor switch its code there. These tests start child_main imported.
 
-CHILD = "import sys\nfrom pathlib import Path\nfrom harness.running import launcher\nlauncher.child_main(Path(sys.argv[1]))\n"
+CHILD = "import sys\nfrom pathlib import Path\nfrom mlharness.running import launcher\nlauncher.child_main(Path(sys.argv[1]))\n"
 
 
 def start_child(workdir: Path, req: RunRequest | None, tmp: Path) -> subprocess.Popen:

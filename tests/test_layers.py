@@ -7,17 +7,46 @@ from pathlib import Path
 
 from tests.support import REPO
 
-PACKAGES = ("specs", "harness", "sut", "profiling")
+# Each folder's place in the one namespace (pyproject.toml's package-dir).
+PACKAGES = {"specs": "mlharness.specs", "harness": "mlharness", "sut": "mlharness.sut",
+            "profiling": "mlharness.profiling"}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package, dotted in PACKAGES.items():
         for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            parts = path.relative_to(REPO / package).with_suffix("").parts
+            name = ".".join((dotted, *(parts[:-1] if parts[-1] == "__init__" else parts)))
             found[name] = path
     return found
+
+
+def layer(module: str) -> str:
+    """The layer of a module of the namespace: specs, sut, profiling or harness (the rest of mlharness)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ("specs", "sut", "profiling") else "harness"
+
+
+def test_the_namespace_is_mapped_as_the_build_says() -> None:
+    """pyproject.toml's package-dir is the table above (the layer checks read the folders by it)."""
+    import tomllib
+
+    mapped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert {folder: dotted for dotted, folder in mapped.items() if folder in PACKAGES} == PACKAGES
+
+
+def test_no_module_imports_the_old_top_level_names() -> None:
+    """Everything imports as mlharness: `import harness` or `from sut ...` would only work from a checkout."""
+    old = {"harness", "sut", "specs", "profiling", "scenarios"}
+    found = []
+    for folder in (*PACKAGES, "tests", "bench", "tools"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in old]
+    assert found == []
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -86,17 +115,17 @@ def test_no_import_cycles() -> None:
 
 def test_the_runtime_uses_only_the_spec_layer_and_leaf_modules_of_harness() -> None:
     graph = import_graph()
-    leaves = {m for m, deps in graph.items() if m.startswith("harness.") and not deps}
-    assert {"harness.errors", "harness.atomic_io"} <= leaves
-    wrong = {m: sorted(d for d in deps if d.split(".")[0] == "harness" and d not in leaves)
-             for m, deps in graph.items() if m.split(".")[0] in ("sut", "profiling", "specs")}
+    leaves = {m for m, deps in graph.items() if layer(m) == "harness" and m != "mlharness" and not deps}
+    assert {"mlharness.errors", "mlharness.atomic_io"} <= leaves
+    wrong = {m: sorted(d for d in deps if layer(d) == "harness" and d not in leaves)
+             for m, deps in graph.items() if layer(m) in ("sut", "profiling", "specs")}
     assert {m: d for m, d in wrong.items() if d} == {}
 
 
 def test_the_spec_layer_does_not_import_the_runtime() -> None:
     graph = import_graph()
-    wrong = {m: sorted(d for d in deps if d.split(".")[0] in ("sut", "profiling"))
-             for m, deps in graph.items() if m.split(".")[0] == "specs"}
+    wrong = {m: sorted(d for d in deps if layer(d) in ("sut", "profiling"))
+             for m, deps in graph.items() if layer(m) == "specs"}
     assert {m: d for m, d in wrong.items() if d} == {}
 
 
@@ -112,10 +141,10 @@ def test_each_layer_imports_first_in_a_fresh_interpreter() -> None:
     import subprocess
     import sys
 
-    first = ["specs.manifests", "specs.index", "specs.artifacts", "sut.backends", "sut.runtime", "profiling",
-             "harness.errors", "harness"]
+    first = ["mlharness.specs.manifests", "mlharness.specs.index", "mlharness.specs.artifacts", "mlharness.sut.backends",
+             "mlharness.sut.runtime", "mlharness.profiling", "mlharness.errors", "mlharness"]
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
     for module in first:
-        done = subprocess.run([sys.executable, "-c", code, module, "harness.cli"], cwd=REPO, capture_output=True,
+        done = subprocess.run([sys.executable, "-c", code, module, "mlharness.cli"], cwd=REPO, capture_output=True,
                               text=True)
         assert done.returncode == 0, f"import {module} first: {done.stderr.strip().splitlines()[-1:]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 from tests.support import newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference, write_manifest
 
 pytestmark = pytest.mark.skipif(
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def engine():
     """The transformers engine with SmolLM2-135M loaded, for the tests that need no LoadGen run."""
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
+    from mlharness.running.runner import select_model
+    from mlharness.specs import artifacts
+    from mlharness.specs.index import default_index
+    from mlharness.sut import backends
 
     index = default_index()
     model = select_model(index, "smollm2-135m", "transformers")  # the llama.cpp manifest has the same name
@@ -53,7 +53,7 @@ def test_the_engine_streams_every_token_it_returns_and_greedy_decoding_repeats(e
 
 
 def test_a_prompt_longer_than_the_context_window_is_refused_in_one_line(engine):
-    from sut.llm.runtime import tokenize_prompts
+    from mlharness.sut.llm.runtime import tokenize_prompts
 
     long_prompt = "the film is " * 3000  # about 9000 tokens; SmolLM2's window is 8192
     with pytest.raises(UserError) as caught:
@@ -123,8 +123,8 @@ def test_a_weights_file_that_is_not_gguf_is_refused_in_one_line(tmp_path: Path, 
     ("{max_new_tokens: 4, top_k: 5}", "generation.top_k"),
 ])
 def test_bad_generation_settings_are_one_line_manifest_errors(tmp_path: Path, generation: str, problem: str):
-    from specs.manifests import load_manifest
-    from specs.validation import ManifestError
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.specs.validation import ManifestError
 
     shipped = Path(__file__).resolve().parent.parent / "specs" / "models" / "smollm2-135m.yaml"
     lines = shipped.read_text().splitlines()
@@ -138,8 +138,8 @@ def test_bad_generation_settings_are_one_line_manifest_errors(tmp_path: Path, ge
 
 
 def test_a_generative_framework_needs_generation_and_weights(tmp_path: Path):
-    from specs.manifests import load_manifest
-    from specs.validation import ManifestError
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.specs.validation import ManifestError
 
     path = write_manifest(tmp_path, "m.yaml", """\
         kind: model
@@ -182,9 +182,9 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
     SIGSEGV when no sample had one), and the failure names the sample."""
     import mlperf_loadgen as lg
 
-    from sut.llm.runtime import PromptSet
-    from sut.llm.token_sut import TokenStreamingSUT
-    from sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+    from mlharness.sut.loadgen_handles import loadgen_handles
 
     prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
     sut = TokenStreamingSUT(backend=_FailingEngine(failing, before_first), prompts=prompts, scenario="SingleStream")
@@ -221,10 +221,10 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
     both have run parallel work), LoadGen's test on another thread, and every query is answered."""
     import mlperf_loadgen as lg
 
-    from harness.running.runner import run_test_beside_caller
-    from sut.llm.runtime import PromptSet
-    from sut.llm.token_sut import TokenStreamingSUT
-    from sut.loadgen_handles import loadgen_handles
+    from mlharness.running.runner import run_test_beside_caller
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+    from mlharness.sut.loadgen_handles import loadgen_handles
 
     prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
     engine = _ThreadRecordingEngine()
@@ -253,7 +253,7 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
 
 
 def test_the_test_beside_the_caller_raises_its_error_after_serving_ends():
-    from harness.running.runner import run_test_beside_caller
+    from mlharness.running.runner import run_test_beside_caller
 
     served, ended = [], threading.Event()
 
@@ -269,7 +269,7 @@ def test_the_test_beside_the_caller_raises_its_error_after_serving_ends():
 
 
 def test_exact_match_scores_the_first_word_of_the_answer_against_the_label():
-    from harness.running.llm_accuracy import exact_match
+    from mlharness.running.llm_accuracy import exact_match
 
     texts = {0: "Positive.", 1: "negative", 2: "", 3: "The answer is negative", 4: "NEGATIVE!"}
     labels = ["positive", "positive", "negative", "negative", "negative"]
@@ -281,7 +281,7 @@ def test_exact_match_scores_the_first_word_of_the_answer_against_the_label():
 
 def test_loadgen_token_summary_lines_become_named_figures(tmp_path: Path):
     """The lines LoadGen 6.0.17 writes in token mode (copied from a Server run's summary)."""
-    from harness.records.loadgen_logs import parse_summary
+    from mlharness.records.loadgen_logs import parse_summary
 
     summary = tmp_path / "mlperf_log_summary.txt"
     summary.write_text("""\
@@ -306,12 +306,12 @@ Max Time per Output Token (ns)                : 1387660
 
 
 def test_the_stop_ids_are_the_eos_and_each_one_token_stop_string() -> None:
-    """The rule both engines share (sut.backends.llm_transformers.stop_token_ids), with a vocabulary
+    """The rule both engines share (mlharness.sut.backends.llm_transformers.stop_token_ids), with a vocabulary
     given as a function: a stop string must be one token, else one line naming the manifest."""
     from types import SimpleNamespace
 
-    from harness.errors import UserError
-    from sut.backends.llm_transformers import chat_turns, stop_token_ids
+    from mlharness.errors import UserError
+    from mlharness.sut.backends.llm_transformers import chat_turns, stop_token_ids
 
     vocabulary = {"\n\n": [271], "END": [9], "two words": [3, 4]}
     engine = SimpleNamespace(model=SimpleNamespace(path="m.yaml", generation=SimpleNamespace(stop=("\n\n", "END"))))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 
 class _StepEngine:
@@ -92,9 +92,9 @@ def _run_offline(tmp_path: Path, engine, lengths: list[int], batching: str, max_
     """A real LoadGen Offline test in token mode over one query per prompt; the SUT after it."""
     import mlperf_loadgen as lg
 
-    from sut.llm.runtime import PromptSet
-    from sut.llm.token_sut import TokenStreamingSUT
-    from sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+    from mlharness.sut.loadgen_handles import loadgen_handles
 
     prompts = PromptSet([(f"p{i}", "x") for i in range(len(lengths))],
                         [np.array([n, i], np.int64) for i, n in enumerate(lengths)])
@@ -175,7 +175,7 @@ def test_a_sequence_failing_in_a_batch_completes_every_query_and_loadgen_ends(tm
 
 
 def test_the_scheduling_a_run_gets():
-    from sut.llm.token_sut import choose_batching
+    from mlharness.sut.llm.token_sut import choose_batching
 
     engine, plain = _StepEngine(), object()
     assert choose_batching("continuous", "Server", 8, engine) == "continuous"
@@ -186,7 +186,7 @@ def test_the_scheduling_a_run_gets():
 
 
 def test_llm_batching_is_a_harness_key_with_two_choices():
-    from harness.running.settings import Settings
+    from mlharness.running.settings import Settings
 
     settings = Settings("Server", "performance", "smollm2-135m")
     settings.set("llm_batching", "Static", "cli", "--set llm_batching=Static")
@@ -198,7 +198,7 @@ def test_llm_batching_is_a_harness_key_with_two_choices():
 
 
 def test_inter_token_latency_and_goodput_from_token_times():
-    from harness.records.token_metrics import summary_lines, sut_token_figures
+    from mlharness.records.token_metrics import summary_lines, sut_token_figures
 
     ms = 1_000_000
     samples = [(0, [100 * ms, 110 * ms, 120 * ms]),     # TTFT 100 ms, TPOT 10 ms: good
@@ -226,11 +226,11 @@ def test_continuous_batching_gives_the_same_greedy_tokens_as_one_sequence_at_a_t
     """fp32, 10 new tokens, six prompts of different lengths, a batch of 3 in transformers' continuous
     batching; the last three join while the first three are decoding. Each sequence's tokens equal the
     engine's one-at-a-time loop's."""
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
-    from sut.llm.token_sut import warm_batch
+    from mlharness.running.runner import select_model
+    from mlharness.specs import artifacts
+    from mlharness.specs.index import default_index
+    from mlharness.sut import backends
+    from mlharness.sut.llm.token_sut import warm_batch
 
     index = default_index()
     model = select_model(index, "smollm2-135m", "transformers")
@@ -273,7 +273,7 @@ def test_continuous_batching_gives_the_same_greedy_tokens_as_one_sequence_at_a_t
 
 def test_a_samples_time_splits_into_queue_prefill_and_decode():
     """Issued at 0; given to the engine at 10 ms and 0 ms; first tokens at 30 and 20 ms; last at 50 and 25 ms."""
-    from harness.records.token_metrics import summary_lines, sut_stage_figures
+    from mlharness.records.token_metrics import summary_lines, sut_stage_figures
 
     ms = 1_000_000
     figures = sut_stage_figures([(0, 10 * ms, [30 * ms, 40 * ms, 50 * ms]), (0, 0, [20 * ms, 25 * ms]), (0, 0, [])])
@@ -288,7 +288,7 @@ def test_with_the_engines_steps_the_split_has_its_queue_and_prefill_on_its_clock
     21 and 31 ms: the engine queued it from 2 to 12 ms (engine_queue), prefilled it in the step that ended at
     20 ms and made its last token in the one that ended at 30; the same sample without steps counts the
     engine's queue as prefill, up to the SUT's stamps."""
-    from harness.records.token_metrics import measured_steps, summary_lines, sut_stage_figures
+    from mlharness.records.token_metrics import measured_steps, summary_lines, sut_stage_figures
 
     ms = 1_000_000
     steps = measured_steps([(20 * ms, 30 * ms, 1, 1), (12 * ms, 20 * ms, 1, 9), (-5 * ms, -1, 8, 8), (0, 4 * ms, 3, 3)], 0)
@@ -304,12 +304,12 @@ def test_with_the_engines_steps_the_split_has_its_queue_and_prefill_on_its_clock
 
 
 def test_the_timeline_and_the_runs_figures_split_a_sample_alike():
-    """The profile's phases (profiling.token_timeline) and the run's stage figures take one split of each
+    """The profile's phases (mlharness.profiling.token_timeline) and the run's stage figures take one split of each
     sample: the same sample, with the engine's steps, gives the same queue, engine queue, prefill and
     decode in both; a sample the SUT never stamped as handed over (admitted 0) has no negative queue."""
-    from harness.records.token_metrics import sut_stage_figures
-    from profiling.token_timeline import phases
-    from sut.llm.token_sut import SequenceTimes
+    from mlharness.records.token_metrics import sut_stage_figures
+    from mlharness.profiling.token_timeline import phases
+    from mlharness.sut.llm.token_sut import SequenceTimes
 
     ms = 1_000_000
     steps = [(0, 4 * ms, 3, 3), (12 * ms, 20 * ms, 1, 9), (20 * ms, 30 * ms, 1, 1)]
@@ -329,8 +329,8 @@ def test_the_timeline_and_the_runs_figures_split_a_sample_alike():
 def test_a_report_shows_a_generative_runs_token_figures(tmp_path: Path):
     """The HTML report's token table: TTFT, TPOT and ITL percentiles in ms, tokens/s, goodput, the time
     split; a run without token figures has no row (and a report of such runs no table)."""
-    from harness.compare.report import write_report
-    from harness.records.run_record import RunRecord
+    from mlharness.compare.report import write_report
+    from mlharness.records.run_record import RunRecord
 
     ms = 1_000_000
     llm = RunRecord("llm-run", "mlharness run smollm2-135m", {"name": "smollm2-135m"}, {}, "transformers", "Server",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 from tests.support import newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference, write_manifest
 
 pytestmark = pytest.mark.skipif(
@@ -25,10 +25,10 @@ ONE_THREAD = {"intra_op_threads": 1}  # llama.cpp's spinning threads crawl when 
 
 
 def _load(backend: str, model=None, options=None):
-    from harness.running.runner import select_model
-    from specs import artifacts
-    from specs.index import default_index
-    from sut import backends
+    from mlharness.running.runner import select_model
+    from mlharness.specs import artifacts
+    from mlharness.specs.index import default_index
+    from mlharness.sut import backends
 
     index = default_index()
     model = model or select_model(index, "smollm2-135m", backend)
@@ -46,9 +46,9 @@ def engine():
 
 
 def _prompts(limit: int = 0) -> list[str]:
-    from specs.index import default_index
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
+    from mlharness.specs.index import default_index
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.runtime import enumerate_samples, resolve_sources
 
     dataset = default_index().find("dataset", "pang-lee-polarity-prompts")
     ctx = ProcessingContext(attributes={}, sources=resolve_sources(dataset), model=None, dataset=dataset)
@@ -202,7 +202,7 @@ def test_a_prompt_longer_than_the_context_window_is_refused_in_one_line_naming_t
     """The manifest's context_window (100 tokens; llama.cpp pads its own context to 256) against the
     dataset's second prompt (106 tokens with the chat template), before LoadGen starts; and the model's own
     window (8192 tokens) against a prompt of about 9000."""
-    from sut.llm.runtime import tokenize_prompts
+    from mlharness.sut.llm.runtime import tokenize_prompts
 
     text = SHIPPED.read_text().replace("  chat_template: true\n", "  chat_template: true\n  context_window: 100\n")
     manifest = write_manifest(tmp_path, "small-window.yaml", text)
@@ -255,7 +255,7 @@ def test_compare_outputs_reports_token_agreement_between_the_two_engines(tmp_pat
     ([], [], None, 1.0),
 ])
 def test_the_first_difference_and_token_agreement_of_two_generations(a, b, position, agreement):
-    from harness.compare.divergence import SampleTokens, agree, first_difference
+    from mlharness.compare.divergence import SampleTokens, agree, first_difference
 
     assert first_difference(a, b) == position == first_difference(b, a)
     result = agree(SampleTokens(0, (1,), tuple(a), ""), SampleTokens(0, (1,), tuple(b), ""))

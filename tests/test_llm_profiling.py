@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiling.timeline import check
+from mlharness.profiling.timeline import check
 from tests.support import read_run, run_cli, scenario_root
 
 pytestmark = pytest.mark.skipif(
@@ -27,9 +27,9 @@ PROMPTS = 6
 @pytest.fixture(scope="module")
 def runtime():
     """The first PROMPTS polarity prompts, tokenized, and the transformers engine with SmolLM2 loaded."""
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.llm.runtime import build_llm_runtime
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.llm.runtime import build_llm_runtime
 
     index = default_index()
     model = select_model(index, "smollm2-135m", "transformers")
@@ -45,9 +45,9 @@ def _profiled_test(tmp_path: Path, runtime, scenario: str, batching: str, max_ba
     harness level when `profile`; (the SUT, the profile's summary and timeline, or None and None)."""
     import mlperf_loadgen as lg
 
-    import profiling
-    from sut.llm.token_sut import TokenStreamingSUT
-    from sut.loadgen_handles import loadgen_handles
+    from mlharness import profiling
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+    from mlharness.sut.loadgen_handles import loadgen_handles
 
     prompts = runtime.staged
     sut = TokenStreamingSUT(backend=runtime.backend, prompts=prompts, scenario=scenario, batching=batching,

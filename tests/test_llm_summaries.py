@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.running.metrics import MetricResult
+from mlharness.running.metrics import MetricResult
 from tests.support import newest_run, run_cli, write_manifest
 
 needs_rouge = pytest.mark.skipif(importlib.util.find_spec("rouge_score") is None,
@@ -31,7 +31,7 @@ FIRST_FOUR = {"rouge1": 0.694651, "rouge2": 0.541105, "rougeL": 0.634038}
 def test_rouge_on_fixed_texts_gives_the_values_worked_out_by_hand():
     """F = 2·overlap / (reference words + summary words), after rouge-score's tokenizer (lower case,
     letters and digits) and the Porter stemmer; ROUGE-L counts the longest common subsequence."""
-    from harness.running.llm_accuracy import rouge
+    from mlharness.running.llm_accuracy import rouge
 
     summaries = {0: "the cat sat on the mat", 1: "dogs were running", 2: "the man arrested police"}
     references = ["The cat was sitting on the mat.", "A dog runs.", "Police arrested the man."]
@@ -50,8 +50,8 @@ def test_rouge_on_fixed_texts_gives_the_values_worked_out_by_hand():
 def test_the_99_percent_rule_is_one_sided():
     """A reference value with min_fraction 0.99 (MLPerf's LLM rule): 99% of it passes, anything higher
     passes, just under 99% fails, and the line says the bound."""
-    from harness.running.accuracy import compare
-    from specs.manifests import ReferenceLog
+    from mlharness.running.accuracy import compare
+    from mlharness.specs.manifests import ReferenceLog
 
     reference = ReferenceLog(kind="reference", name="r", version="1.0.0", path=Path("r.yaml"), sha256="", doc={},
                              accuracy={"rouge1": {"expected": 0.4, "min_fraction": 0.99}})
@@ -64,11 +64,11 @@ def test_the_99_percent_rule_is_one_sided():
 
 
 def test_the_dataset_is_the_50_documents_with_their_first_sentence_and_its_own_answer_length():
-    from harness.running.runner import select_model
-    from specs.index import default_index
-    from sut.llm.runtime import for_dataset
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
+    from mlharness.running.runner import select_model
+    from mlharness.specs.index import default_index
+    from mlharness.sut.llm.runtime import for_dataset
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.runtime import enumerate_samples, resolve_sources
 
     index = default_index()
     dataset = index.find("dataset", "lee-summaries")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sut.loadgen_handles import loadgen_handles
+from mlharness.sut.loadgen_handles import loadgen_handles
 
 
 class Recorder:

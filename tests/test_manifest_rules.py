@@ -18,9 +18,9 @@ import pytest
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from harness.errors import UserError
-from specs import manifests, validation
-from specs.manifests import (
+from mlharness.errors import UserError
+from mlharness.specs import manifests, validation
+from mlharness.specs.manifests import (
     CODE_REF,
     DIM_NAME,
     Artifact,
@@ -31,8 +31,8 @@ from specs.manifests import (
     load_entry_point,
     load_manifest,
 )
-from specs.schema import Doc
-from specs.validation import (
+from mlharness.specs.schema import Doc
+from mlharness.specs.validation import (
     NAME,
     SEMVER,
     SHA256,
@@ -665,7 +665,7 @@ def test_a_yaml_error_with_a_context_names_the_problem_not_the_context(tmp_path:
 def test_manifests_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     path = tmp_path / "m.yaml"
     path.write_text("kind: software\nname: s\nversion: 1.0.0\ndescription: \"gr\u00fc\u00df\"\n", encoding="utf-8")
-    code = "import sys; from specs.manifests import load_manifest; sys.exit(load_manifest(sys.argv[1]).doc['description'] != 'gr\\u00fc\\u00df')"
+    code = "import sys; from mlharness.specs.manifests import load_manifest; sys.exit(load_manifest(sys.argv[1]).doc['description'] != 'gr\\u00fc\\u00df')"
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": "ascii"}
     root = Path(manifests.__file__).resolve().parents[1]  # the tree whose specs package this test imported
     done = subprocess.run([sys.executable, "-c", code, str(path)], cwd=root, env=env, capture_output=True, text=True,
@@ -679,7 +679,7 @@ def test_load_yaml_returns_the_document(tmp_path: Path) -> None:
     assert load_yaml(path) == {"a": [1, 2], "b": {"c": "ü"}}
 
 
-# -- pydantic's errors as one-line problems (specs.validation.problems_from) -----------------------
+# -- pydantic's errors as one-line problems (mlharness.specs.validation.problems_from) -----------------------
 
 def _no_zero(value: int) -> int:
     if value == 0:
@@ -830,7 +830,7 @@ def test_known_names_asks_the_registered_source_each_time(monkeypatch: pytest.Mo
 
 def test_known_names_imports_the_owner_that_registers_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rules_test_owner.py").write_text(
-        "from specs.manifests import register_names\nregister_names('widget', lambda: ['w1', 'w2'])\n")
+        "from mlharness.specs.manifests import register_names\nregister_names('widget', lambda: ['w1', 'w2'])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(validation.NAME_OWNERS, "widget", "rules_test_owner")
     monkeypatch.setattr(validation, "_NAME_SOURCES", {})
@@ -931,7 +931,7 @@ def test_an_entry_point_loads_its_object() -> None:
         load_entry_point(importlib.metadata.EntryPoint("bad", "no_such_module_xyz:f", "g"))
 
 
-# -- the dataclasses' own defaults (code builds some directly: sut.conversion's HardwareManifest) ------
+# -- the dataclasses' own defaults (code builds some directly: mlharness.sut.conversion's HardwareManifest) ------
 
 def _bare(cls: type) -> Any:
     return cls(kind="k", name="n", version="1.0.0", path=Path("p.yaml"), sha256=SHA, doc={})
@@ -968,7 +968,7 @@ def test_a_manifest_compares_without_its_document() -> None:
 
 
 def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path: Path) -> None:
-    from specs.validation import ManifestError, load_yaml
+    from mlharness.specs.validation import ManifestError, load_yaml
 
     path = tmp_path / "latin1.yaml"
     path.write_bytes("kind: model\nname: caf\xe9\n".encode("latin-1"))

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from specs.index import spec_files
-from specs.manifests import load_manifest
-from specs.validation import ManifestError
+from mlharness.errors import UserError
+from mlharness.specs.index import spec_files
+from mlharness.specs.manifests import load_manifest
+from mlharness.specs.validation import ManifestError
 from tests.support import REPO, run_cli, write_manifest
 
 GOOD_MODEL = """\
@@ -113,7 +113,7 @@ def test_specs_list_names_every_manifest(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_unknown_spec_name_lists_known(specs_copy: Path) -> None:
-    from specs.index import default_index
+    from mlharness.specs.index import default_index
 
     with pytest.raises(UserError, match="no model manifest named 'nope'.*resnet50-light"):
         default_index().find("model", "nope")

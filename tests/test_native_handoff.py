@@ -1,4 +1,4 @@
-"""The native handoff (sut._native) against the Python one, and both against a real LoadGen run:
+"""The native handoff (mlharness.sut._native) against the Python one, and both against a real LoadGen run:
 gathered rows equal, logged response bytes equal the result rows, `results` is released when
 complete() returns, nothing leaks over a million responses, bad rows are refused."""
 from __future__ import annotations
@@ -19,9 +19,9 @@ import mlperf_loadgen as lg
 import numpy as np
 import pytest
 
-from harness.errors import UserError
-from sut import _native
-from sut.handoff import PythonHandoff, load_handoff
+from mlharness.errors import UserError
+from mlharness.sut import _native
+from mlharness.sut.handoff import PythonHandoff, load_handoff
 
 # Every way a response can reach LoadGen: the Python baseline, and the C extension through LoadGen's
 # C entry point and through its pybind11 objects (the fallback when that entry point is not found).

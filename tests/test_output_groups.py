@@ -1,4 +1,4 @@
-"""Offline's postprocess groups (sut.output_groups): a worker holds the outputs of several batches
+"""Offline's postprocess groups (mlharness.sut.output_groups): a worker holds the outputs of several batches
 and postprocesses and completes them in one call. Driven directly where the grouping itself is
 asserted (the queue filled before the worker starts, completions recorded instead of reaching
 LoadGen), and through a real LoadGen test where a failure must complete every sample."""
@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sut.output_groups import MAX_GROUP_BYTES, OutputGroup
-from sut.processing import ProcessingContext
-from sut.staging import SampleError
-from sut.system_under_test import SystemUnderTest
+from mlharness.sut.output_groups import MAX_GROUP_BYTES, OutputGroup
+from mlharness.sut.processing import ProcessingContext
+from mlharness.sut.staging import SampleError
+from mlharness.sut.system_under_test import SystemUnderTest
 from tests.test_sut_mutants import (
     Observer,
     RecordingCompletion,

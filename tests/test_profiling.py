@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from profiling import LEVELS, parse_levels
-from profiling.perf_stat import HARDWARE_EVENTS, parse
-from profiling.timeline import check
+from mlharness.errors import UserError
+from mlharness.profiling import LEVELS, parse_levels
+from mlharness.profiling.perf_stat import HARDWARE_EVENTS, parse
+from mlharness.profiling.timeline import check
 from tests.support import read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
 
 
@@ -182,7 +182,7 @@ PROBE_MODEL = """\
                   break
               frame = frame.f_back
           probe = {"observer": observer, "profile_hook": sys.getprofile() is not None,
-                   "profiling_modules": sorted(m for m in sys.modules if m.split(".")[0] == "profiling")}
+                   "profiling_modules": sorted(m for m in sys.modules if m.startswith("mlharness.profiling"))}
           with open(%(out)r, "a") as out:
               out.write(json.dumps(probe) + "\\n")
           return outputs["scores"]
@@ -211,7 +211,7 @@ def test_profile_off_installs_nothing(tmp_path: Path, specs_copy: Path) -> None:
     # Calls outside the SUT (first inference, warm-up, the profile's overhead calibration) find no SUT.
     in_sut = [p for p in probes if p["observer"] != "no SUT frame"]
     assert in_sut and all(p["observer"] == "ProfileSession" and p["profile_hook"] for p in in_sut), seen
-    assert all("profiling.session" in p["profiling_modules"] for p in in_sut), seen
+    assert all("mlharness.profiling.session" in p["profiling_modules"] for p in in_sut), seen
 
     write_manifest(specs_copy / "models", "probe.yaml", PROBE_MODEL % {"out": str(off)})
     plain = tmp_path / "plain"
@@ -232,7 +232,7 @@ def test_perf_counters_not_supported_are_unavailable() -> None:
 
 
 def test_nvml_without_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from profiling import nvml
+    from mlharness.profiling import nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     module, handles, reason = nvml.open_devices()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.running.progress import (
+from mlharness.running.progress import (
     LoadGenPlan,
     Snapshot,
     Ticker,
@@ -148,7 +148,7 @@ def test_on_a_terminal_the_progress_is_a_live_bar(tmp_path: Path) -> None:
     """A real pseudo-terminal: the child's stderr is a tty, so rich draws (ANSI control codes)."""
     controller, terminal = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLHARNESS_")} | {"COLUMNS": "200"}
-    command = [sys.executable, "-m", "harness.cli", "run", "null", "--scenario", "Server",
+    command = [sys.executable, "-m", "mlharness.cli", "run", "null", "--scenario", "Server",
                "--set", "min_duration=2000", "--set", "target_qps=2000", "--results-dir", str(tmp_path)]
     child = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=terminal)
@@ -177,7 +177,7 @@ def test_on_a_terminal_the_progress_is_a_live_bar(tmp_path: Path) -> None:
 
 
 def test_steps_report_each_end_with_an_eta_from_the_durations_so_far() -> None:
-    from harness.running.progress import Steps
+    from mlharness.running.progress import Steps
 
     stream = io.StringIO()
     with Steps(3, stream, interval=10.0, terminal=False, unit="cells") as steps:

@@ -11,8 +11,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from harness import RunRequest, run
-from harness.errors import UserError
+from mlharness import RunRequest, run
+from mlharness.errors import UserError
 from tests.support import run_cli, scenario_root, sha256
 
 pytest.importorskip("torch")
@@ -119,8 +119,8 @@ def test_compare_outputs_minilm_embeddings(tmp_path: Path, capsys: pytest.Captur
 
 def test_conversion_is_recorded_cached_and_verified(private_cache: Path, specs_copy: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from specs.manifests import load_manifest
-    from sut.conversion import convert
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.sut.conversion import convert
 
     manifest = load_manifest(specs_copy / "models" / "mobilenet-v2-onnx.yaml")
     graph = manifest.sources["graph"]
@@ -179,7 +179,7 @@ def test_submission_mode_leaves_accuracy_and_performance(tmp_path: Path) -> None
 
 def test_postprocess_receives_the_batch_inputs() -> None:
     """minilm's mean pooling needs the attention mask: a postprocess with a third parameter gets the inputs."""
-    from sut.processing import takes_inputs
+    from mlharness.sut.processing import takes_inputs
 
     def pooled(outputs, ctx, inputs):  # noqa: ANN001, ANN202
         return inputs
@@ -191,7 +191,7 @@ def test_postprocess_receives_the_batch_inputs() -> None:
 
 
 def test_pair_metrics_read_outputs_by_sample_index() -> None:
-    from harness.running.metrics import get_metric
+    from mlharness.running.metrics import get_metric
 
     rng = np.random.default_rng(0)
     outputs = {i: rng.standard_normal(4).astype(np.float32) for i in range(6)}

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-import harness  # first: the harness package imports the spec layer
-from harness.running import metrics
-from specs.manifests import known_names, load_manifest
-from specs.validation import ManifestError
+import mlharness  # first: the harness package imports the spec layer
+from mlharness.running import metrics
+from mlharness.specs.manifests import known_names, load_manifest
+from mlharness.specs.validation import ManifestError
 from tests.support import REPO, read_run, scenario_root, write_manifest
 
 PLUGIN_BACKEND = '''
 import numpy as np
 
-from sut.backends.base import Backend
+from mlharness.sut.backends.base import Backend
 
 
 class DemoBackend(Backend):
@@ -45,7 +45,7 @@ class DemoBackend(Backend):
 '''
 
 PLUGIN_METRIC = '''
-from harness.running.metrics import MetricResult
+from mlharness.running.metrics import MetricResult
 
 
 def answered(outputs, labels, params):
@@ -54,7 +54,7 @@ def answered(outputs, labels, params):
 '''
 
 PLUGIN_TRACER = '''
-from profiling.tracer import LevelResult, Tracer
+from mlharness.profiling.tracer import LevelResult, Tracer
 
 
 class BatchCounter(Tracer):
@@ -131,7 +131,7 @@ accuracy:
 def _cli(site: Path | None, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)] if site else [str(REPO)])
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "mlharness.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -171,10 +171,10 @@ def test_a_manifest_naming_the_plugin_framework_validates(site: Path, tmp_path: 
 def test_names_come_from_entry_points_without_loading_them(site: Path, tmp_path: Path) -> None:
     done = _python(site, """
         import sys
-        import harness
-        from harness.running import metrics
-        from specs.manifests import known_names
-        import profiling
+        import mlharness
+        from mlharness.running import metrics
+        from mlharness.specs.manifests import known_names
+        from mlharness import profiling
         print(known_names("framework"), metrics.names(), profiling.levels())
         print(metrics.get_metric("answered", "test").__name__, profiling.parse_levels("batches"))
         print(sorted(m for m in sys.modules if m.startswith("mlh_plugin_demo.")))
@@ -201,9 +201,9 @@ def test_a_broken_entry_point_is_one_line_when_used(site: Path, tmp_path: Path) 
     assert tracer.returncode == 1
     assert tracer.stderr.strip().splitlines() == [expected.format(group="tracers", attr="Tracer")]
     metric = _python(site, """
-        import harness
-        from harness.errors import UserError
-        from harness.running.metrics import get_metric
+        import mlharness
+        from mlharness.errors import UserError
+        from mlharness.running.metrics import get_metric
         try:
             get_metric("broken", "test")
         except UserError as exc:
@@ -214,9 +214,9 @@ def test_a_broken_entry_point_is_one_line_when_used(site: Path, tmp_path: Path) 
 
 def test_a_name_registered_at_runtime_is_valid_in_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No closed tuple: the spec layer asks the registries, so what they hold is what validates."""
-    import profiling
-    from profiling.tracer import Tracer
-    from sut import backends, conversion
+    from mlharness import profiling
+    from mlharness.profiling.tracer import Tracer
+    from mlharness.sut import backends, conversion
 
     model = write_manifest(tmp_path, "m.yaml", DEMO_MODEL.replace("name: demo\n", "name: extra_fw\n"))
     with pytest.raises(ManifestError, match=r"framework.name: expected one of \[.*'llama_cpp'\], got 'extra_fw'"):
@@ -236,12 +236,12 @@ def test_a_name_registered_at_runtime_is_valid_in_manifests(tmp_path: Path, monk
     class Extra(Tracer):
         level = "extra"
 
-    with pytest.raises(harness.UserError, match="--profile: expected a comma list of harness, .*, got 'extra'"):
+    with pytest.raises(mlharness.UserError, match="--profile: expected a comma list of harness, .*, got 'extra'"):
         profiling.parse_levels("extra")
-    monkeypatch.setitem(profiling.registry._TRACERS, "extra", Extra)  # the registry lives in profiling.registry
+    monkeypatch.setitem(mlharness.profiling.registry._TRACERS, "extra", Extra)  # the registry lives in mlharness.profiling.registry
     assert profiling.parse_levels("full")[-1] == "extra" and profiling.tracer_class("extra") is Extra
 
-    with pytest.raises(harness.UserError, match="metric: expected one of"):
+    with pytest.raises(mlharness.UserError, match="metric: expected one of"):
         metrics.get_metric("extra", "here")
     monkeypatch.setitem(metrics._METRICS, "extra", len)
     assert metrics.get_metric("extra", "here") is len and "extra" in metrics.names()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

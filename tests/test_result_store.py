@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.store.result_store import (
+from mlharness.errors import UserError
+from mlharness.store.result_store import (
     DB_ENV,
     SCHEMA_VERSION,
     ResultStore,

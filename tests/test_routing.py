@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.running.settings import SCENARIOS
-from specs.manifests import load_manifest
+from mlharness.running.settings import SCENARIOS
+from mlharness.specs.manifests import load_manifest
 from tests.support import REPO, read_run, run_cli, write_manifest
 
 MODEL = REPO / "specs" / "models" / "null-routed.yaml"
@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from sut.backends.null_backend import NullBackend
+from mlharness.sut.backends.null_backend import NullBackend
 
 
 class RoutingProbe(NullBackend):
@@ -181,7 +181,7 @@ def test_the_shipped_null_routed_model_scores_exactly_one_on_the_null_backend(tm
 
 def test_the_plain_null_model_does_not_route() -> None:
     """Routing is the null-routed model's: the plain null model keeps its zero-filled predict."""
-    from sut.backends.null_backend import NullBackend
+    from mlharness.sut.backends.null_backend import NullBackend
 
     hardware = load_manifest(REPO / "specs" / "hardware" / "cpu.yaml")
     plain = NullBackend(load_manifest(REPO / "specs" / "models" / "null.yaml"), {}, hardware)
@@ -196,8 +196,8 @@ def test_the_plain_null_model_does_not_route() -> None:
 
 
 def test_route_from_input_must_name_a_declared_input(tmp_path: Path) -> None:
-    from harness.errors import UserError
-    from sut.backends.null_backend import NullBackend
+    from mlharness.errors import UserError
+    from mlharness.sut.backends.null_backend import NullBackend
 
     text = MODEL.read_text().replace("route_from_input: x", "route_from_input: y")
     model = load_manifest(write_manifest(tmp_path, "null-routed.yaml", text))
@@ -229,10 +229,10 @@ class _RecordingHandoff:
 
 
 def _direct_sut(max_batch_size: int, workers: int) -> tuple[Any, _RecordingHandoff, list[list[int]]]:
-    from sut.backends.null_backend import NullBackend
-    from sut.processing import ProcessingContext
-    from sut.staging import StagedSamples
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.sut.backends.null_backend import NullBackend
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.staging import StagedSamples
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     model = load_manifest(MODEL)
     received: list[list[int]] = []

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.records import record_metrics
-from harness.records.run_record import (
+from mlharness.errors import UserError
+from mlharness.records import record_metrics
+from mlharness.records.run_record import (
     LOADGEN,
     RUN_SCHEMA_VERSION,
     RunRecord,
     read_record_file,
 )
-from harness.store.result_store import ResultStore
-from harness.submission.runs import collect
+from mlharness.store.result_store import ResultStore
+from mlharness.submission.runs import collect
 from tests.support import newest_run, run_cli, scenario_root
 
 

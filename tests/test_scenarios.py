@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records.loadgen_logs import parse_summary
-from harness.running.settings import SCENARIOS
+from mlharness.records.loadgen_logs import parse_summary
+from mlharness.running.settings import SCENARIOS
 from tests.support import read_run, run_cli, scenario_root
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.records.loadgen_logs import parse_summary
-from harness.running.settings import build_settings
+from mlharness.errors import UserError
+from mlharness.records.loadgen_logs import parse_summary
+from mlharness.running.settings import build_settings
 from tests.support import read_run, run_cli, scenario_root
 
 HINTS = {"*": {"min_query_count": 5}, "Offline": {"target_qps": 10, "min_duration": 100}}
@@ -76,7 +76,7 @@ def test_loadgen_uses_the_merged_settings_and_they_are_saved(tmp_path: Path) -> 
 
 
 def _conf_problems(detail: Path) -> tuple[list[str], int]:
-    from harness.records.loadgen_logs import detail_problems, detail_values
+    from mlharness.records.loadgen_logs import detail_problems, detail_values
 
     errors = [e for e in detail_problems(detail)["errors"] if "conf" in e.lower()]
     return errors, detail_values(detail, ("effective_qsl_rng_seed",))["effective_qsl_rng_seed"]
@@ -99,7 +99,7 @@ def test_every_test_reads_mlperf_conf_once(tmp_path: Path) -> None:
 def test_a_request_carries_its_user_conf_content(tmp_path: Path) -> None:
     """The request holds the user.conf's settings, not only its path: the run applies them even when
     the file is gone by the time the run's process reads the request (another process, a host)."""
-    from harness import RunRequest, run
+    from mlharness import RunRequest, run
 
     conf = tmp_path / "user.conf"
     conf.write_text("*.Offline.target_qps = 12345\n")

@@ -1,4 +1,4 @@
-"""The rules of harness.running.settings as tables of known answers, called in-process: what each
+"""The rules of mlharness.running.settings as tables of known answers, called in-process: what each
 LoadGen key and harness key accepts and the one-line error for what it refuses, the pairs checked
 together, user.conf and preset parsing, the layers' precedence and the record of where each key came
 from, and the merged user.conf text LoadGen reads. The one LoadGen call (apply_to_loadgen, once per
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from harness.errors import UserError
-from harness.running import settings as S
-from harness.running.settings import (
+from mlharness.errors import UserError
+from mlharness.running import settings as S
+from mlharness.running.settings import (
     HARNESS_DEFAULTS,
     HARNESS_KEYS,
     LOADGEN_KEYS,
@@ -591,8 +591,8 @@ APPLY = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import mlperf_loadgen as lg
-    from harness.errors import UserError
-    from harness.running import settings as S
+    from mlharness.errors import UserError
+    from mlharness.running import settings as S
 
     folder = Path(sys.argv[1])
     out = {"loaded_before": S.loadgen_config_loaded()}
@@ -636,8 +636,8 @@ APPLY = textwrap.dedent("""
 REJECT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from harness.errors import UserError
-    from harness.running import settings as S
+    from mlharness.errors import UserError
+    from mlharness.running import settings as S
 
     conf = Path(sys.argv[1]) / "user.conf"
     conf.write_text("m.Offline.min_query_count = many\\n")  # past the checks: LoadGen's own refusal
@@ -664,7 +664,7 @@ def test_loadgen_is_configured_once_from_the_merged_user_conf(tmp_path: Path) ->
     assert out["modes"] == {"performance": ["PerformanceOnly", True], "accuracy": ["AccuracyOnly", True],
                             "find-peak": ["FindPeakPerformance", True]}
     refusal = ("LoadGen was already configured in this process with other settings; run each benchmark in its "
-               "own process (harness.running.launcher)")
+               "own process (mlharness.running.launcher)")
     assert out["other_text"] == out["other_model"] == out["other_scenario"] == refusal
 
 

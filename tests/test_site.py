@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.store.result_store import ResultStore
+from mlharness.store.result_store import ResultStore
 from tests.support import REPO, copy_specs, failing_null_model, run_cli, sha256, write_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -60,7 +60,7 @@ def _tiny_onnx_model(specs: Path, folder: Path) -> None:
 
 
 def _null_reference(specs: Path) -> None:
-    from specs.manifests import load_manifest
+    from mlharness.specs.manifests import load_manifest
 
     model, dataset = load_manifest(specs / "models" / "null.yaml"), load_manifest(specs / "datasets" / "null-samples.yaml")
     write_manifest(specs / "references", "null-ref.yaml", f"""\

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specs.index import SpecIndex
-from specs.manifests import load_manifest
-from specs.validation import ManifestError
+from mlharness.specs.index import SpecIndex
+from mlharness.specs.manifests import load_manifest
+from mlharness.specs.validation import ManifestError
 from tests.support import REPO, sha256, write_manifest
 
 INDEX = SpecIndex(REPO / "specs")
@@ -38,7 +38,7 @@ def test_the_shipped_specs_have_fetched_sources_to_check() -> None:
 
 @pytest.mark.parametrize("manifest, key", _fetched_sources())
 def test_every_fetched_source_resolves_and_matches_its_sha256(manifest, key: str) -> None:  # noqa: ANN001
-    from specs import artifacts
+    from mlharness.specs import artifacts
 
     artifact = manifest.sources[key]
     path = artifacts.resolve(artifact, f"{manifest.path}: sources.{key}", manifest.path.parent)
@@ -47,8 +47,8 @@ def test_every_fetched_source_resolves_and_matches_its_sha256(manifest, key: str
 
 @pytest.mark.parametrize("dataset", _ids("dataset"))
 def test_every_dataset_enumerates_its_declared_samples(dataset) -> None:  # noqa: ANN001
-    from sut.processing import ProcessingContext
-    from sut.runtime import enumerate_samples, resolve_sources
+    from mlharness.sut.processing import ProcessingContext
+    from mlharness.sut.runtime import enumerate_samples, resolve_sources
 
     ctx = ProcessingContext(sources=resolve_sources(dataset), dataset=dataset)
     items = enumerate_samples(dataset, ctx)  # raises unless there are exactly sample_count items
@@ -57,7 +57,7 @@ def test_every_dataset_enumerates_its_declared_samples(dataset) -> None:  # noqa
 
 @pytest.mark.parametrize("model", _ids("model"))
 def test_every_model_names_an_existing_dataset_and_conversion_source(model) -> None:  # noqa: ANN001
-    from sut.conversion import _EXPORTERS, source_manifest
+    from mlharness.sut.conversion import _EXPORTERS, source_manifest
 
     assert model.default_dataset, f"{model.path}: names no dataset"
     assert INDEX.find("dataset", model.default_dataset).name == model.default_dataset
@@ -122,8 +122,8 @@ def test_conversion_and_files_errors_are_one_line(tmp_path: Path, old: str, new:
 
 
 def test_missing_conversion_source_is_named(tmp_path: Path) -> None:
-    from harness.errors import UserError
-    from sut.conversion import convert
+    from mlharness.errors import UserError
+    from mlharness.sut.conversion import convert
 
     path = write_manifest(tmp_path, "m.yaml", CONVERTED)
     graph = load_manifest(path).sources["graph"]

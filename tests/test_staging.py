@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specs.manifests import TensorSpec
-from sut.processing import ProcessingContext
-from sut.staging import SampleError, StagedSamples
+from mlharness.specs.manifests import TensorSpec
+from mlharness.sut.processing import ProcessingContext
+from mlharness.sut.staging import SampleError, StagedSamples
 
 X = TensorSpec(name="x", type="tensor", element_type="float32", shape=("batch", 2))
 Y = TensorSpec(name="y", type="tensor", element_type="int64", shape=("batch", "sequence"))

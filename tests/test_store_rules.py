@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.records.run_record import RunRecord
-from harness.store import result_store
-from harness.store.result_store import (
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
+from mlharness.store import result_store
+from mlharness.store.result_store import (
     DB_ENV,
     SCHEMA_VERSION,
     ResultStore,

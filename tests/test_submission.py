@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.submission import accuracy_txt, checker, compliance
-from harness.submission.rules import (
+from mlharness.submission import accuracy_txt, checker, compliance
+from mlharness.submission.rules import (
     ACCURACY_FILES,
     BENCHMARKS,
     MAX_ACCURACY_LOG_SIZE,

@@ -19,12 +19,12 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from specs.manifests import load_manifest
-from sut.backends.null_backend import NullBackend
-from sut.handoff import load_handoff
-from sut.processing import ProcessingContext
-from sut.staging import SampleError, StagedSamples
-from sut.system_under_test import BatchTimes, ResultContract, SystemUnderTest, rows_in_runs
+from mlharness.specs.manifests import load_manifest
+from mlharness.sut.backends.null_backend import NullBackend
+from mlharness.sut.handoff import load_handoff
+from mlharness.sut.processing import ProcessingContext
+from mlharness.sut.staging import SampleError, StagedSamples
+from mlharness.sut.system_under_test import BatchTimes, ResultContract, SystemUnderTest, rows_in_runs
 from tests.support import REPO, write_manifest
 
 MODEL = REPO / "specs" / "models" / "null-routed.yaml"
@@ -85,7 +85,7 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
     bytes by sample index (b"" for a query completed empty)."""
     import mlperf_loadgen as lg
 
-    from sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.loadgen_handles import loadgen_handles
 
     settings = lg.TestSettings()
     settings.scenario = getattr(lg.TestScenario, scenario)
@@ -110,7 +110,7 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
                 lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
 
             if sut.serve_on_caller:  # this thread serves, the test runs beside it (as the runner does)
-                from harness.running.runner import run_test_beside_caller
+                from mlharness.running.runner import run_test_beside_caller
 
                 run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
             else:
@@ -354,7 +354,7 @@ def test_one_worker_can_be_the_callers_own_thread(tmp_path: Path, scenario: str)
     """serve_on_caller (torch on the CPU): no worker thread is started; every batch is predicted on the
     thread that serves (this one) while LoadGen's test runs on another, through the Python queue
     (Offline) and the native issue queue (Server), and every response is its own sample's."""
-    from sut.handoff import load_issue_queue
+    from mlharness.sut.handoff import load_issue_queue
 
     _, backend, staged, ctx = _parts(count=13)
     issue_queue, _ = load_issue_queue(scenario)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.errors import UserError
-from harness.records.loadgen_logs import parse_summary
-from harness.store.result_store import ResultStore
-from harness.sweeps.grid_schema import SETTING_KEYS
-from harness.sweeps.sweep_grid import Cell, load_grid
+from mlharness.errors import UserError
+from mlharness.records.loadgen_logs import parse_summary
+from mlharness.store.result_store import ResultStore
+from mlharness.sweeps.grid_schema import SETTING_KEYS
+from mlharness.sweeps.sweep_grid import Cell, load_grid
 from tests.support import REPO, failing_null_model, run_cli, write_manifest
 
 

@@ -26,8 +26,8 @@ import json
 import os
 import threading
 
-from sut.backends.onnxruntime_backend import OnnxRuntimeBackend
-from sut.backends.torch_backend import TorchBackend
+from mlharness.sut.backends.onnxruntime_backend import OnnxRuntimeBackend
+from mlharness.sut.backends.torch_backend import TorchBackend
 
 
 def _tasks():
@@ -185,7 +185,7 @@ def _probed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, site: Path, mod
 
 
 def _model_name(model: Path) -> str:
-    from specs.manifests import load_manifest
+    from mlharness.specs.manifests import load_manifest
 
     return load_manifest(model).name
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from harness.errors import UserError
-from harness.running import tuned, tuning
-from harness.running.request import RunRequest
-from harness.store.result_store import ResultStore
+from mlharness.errors import UserError
+from mlharness.running import tuned, tuning
+from mlharness.running.request import RunRequest
+from mlharness.store.result_store import ResultStore
 from tests.support import newest_run, run_cli
 
 
@@ -463,7 +463,7 @@ def test_a_runs_process_reads_the_database_without_writing_it(tmp_path: Path) ->
     leaves an older file for the next writer to migrate."""
     import sqlite3
 
-    from harness.store.result_store import SCHEMA_VERSION, schema_version
+    from mlharness.store.result_store import SCHEMA_VERSION, schema_version
 
     assert ResultStore.reading(tmp_path / "none.sqlite") is None
     path = tmp_path / "db.sqlite"

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from harness.errors import UserError, require
-from harness.records import run_record
-from harness.records.run_record import RUN_SCHEMA_VERSION, RunRecord
-from harness.running.settings import build_settings, validate_loadgen_settings
-from harness.submission import compliance
-from specs.manifests import load_manifest
-from sut import backends
+from mlharness.errors import UserError, require
+from mlharness.records import run_record
+from mlharness.records.run_record import RUN_SCHEMA_VERSION, RunRecord
+from mlharness.running.settings import build_settings, validate_loadgen_settings
+from mlharness.submission import compliance
+from mlharness.specs.manifests import load_manifest
+from mlharness.sut import backends
 from tests.support import REPO, read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
 
 
@@ -117,7 +117,7 @@ def test_both_issue_modes_and_an_index_past_the_samples_are_refused() -> None:
 
 
 def test_every_loadgen_key_has_a_rule() -> None:
-    from harness.running import settings
+    from mlharness.running import settings
 
     assert set(settings.LOADGEN_KEYS) == set(settings._LOADGEN_VALUES) | set(settings._IGNORED_KEYS)
 
@@ -329,7 +329,7 @@ def test_bad_tensorrt_fields_are_one_line(tmp_path: Path, capfd: pytest.CaptureF
 
 
 def _ort_backend(hardware: Path):  # noqa: ANN202 - an OnnxRuntimeBackend, not loaded
-    from sut.backends.onnxruntime_backend import OnnxRuntimeBackend
+    from mlharness.sut.backends.onnxruntime_backend import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(model=load_manifest(REPO / "specs" / "models" / "resnet50-light.yaml"), sources={},
                               hardware=load_manifest(hardware), options={})

@@ -1,10 +1,10 @@
-"""A layer-level benchmark run (kind "bricks"), in the run's own process (harness.running.launcher):
-the model's executed graph decomposed into bricks (sut.bricks), each unique brick benchmarked once
+"""A layer-level benchmark run (kind "bricks"), in the run's own process (mlharness.running.launcher):
+the model's executed graph decomposed into bricks (mlharness.sut.bricks), each unique brick benchmarked once
 (or taken from the results database, measured earlier on this system and software), the model
 composed from them and compared with the LoadGen run that measured it whole (request.measured_run).
 
 Nothing here writes the database: the bricks measured by this run travel back in the record
-(`bricks.measured`), and the launching process stores them (harness.store.result_store)."""
+(`bricks.measured`), and the launching process stores them (mlharness.store.result_store)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import write_json, write_text
-from harness.bricks import compose
-from harness.errors import UserError
-from harness.records import results
-from harness.records.run_record import BRICKS, RunRecord, new_run_id, utc_now
-from harness.running import runner as loadgen_runner
-from harness.running import system as system_mod
-from harness.running.request import RunRequest
+from mlharness.atomic_io import write_json, write_text
+from mlharness.bricks import compose
+from mlharness.errors import UserError
+from mlharness.records import results
+from mlharness.records.run_record import BRICKS, RunRecord, new_run_id, utc_now
+from mlharness.running import runner as loadgen_runner
+from mlharness.running import system as system_mod
+from mlharness.running.request import RunRequest
 
 BRICKS_FOLDER = "bricks"  # <results>/<system>/<model>/bricks/runs/<run id>/
 BRICKS_JSON_VERSION = 1
@@ -38,7 +38,7 @@ def fingerprint(system: dict[str, Any], hardware: dict[str, Any], versions: dict
 
 
 def _say(text: str, request: RunRequest) -> None:
-    from harness.running.progress import quiet_from_env
+    from mlharness.running.progress import quiet_from_env
 
     if not (request.quiet or quiet_from_env()):
         print(f"[bricks] {text}", file=sys.stderr, flush=True)
@@ -71,7 +71,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     guard.started(record, where)
     runtime = None
     try:
-        from sut.runtime import build_runtime
+        from mlharness.sut.runtime import build_runtime
 
         options = loadgen_runner._harness_options(settings, model) | {"max_batch_size": request.batch}
         runtime = build_runtime(model, dataset, hardware, backend_name, options)
@@ -118,8 +118,8 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     """Decompose, benchmark (or reuse) every brick and its variants, compose; writes bricks.json."""
     import numpy as np
 
-    from sut import bricks as sb
-    from sut.warmup import prepare_batch
+    from mlharness.sut import bricks as sb
+    from mlharness.sut.warmup import prepare_batch
 
     backend = runtime.backend
     batch = request.batch
@@ -182,7 +182,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     variant_seconds = 0.0  # the lower bound's other variants
     samplers: dict[str, Any] = {}  # brick key -> its as-executed Sampler, for bricks measured by this run
     found_by_key: dict[str, dict[str, dict[str, Any]]] = {}
-    from harness.running.progress import Snapshot, Ticker, quiet_from_env
+    from mlharness.running.progress import Snapshot, Ticker, quiet_from_env
 
     done_bricks = [0]
     ticker = Ticker(f"{runtime.model.name} bricks", lambda: Snapshot(done_bricks[0], len(decomposition.bricks)),
@@ -290,7 +290,7 @@ def whole_model_cap(rule: Any) -> float:
 
 
 def _row(brick: Any, variant: str, measurement: Any) -> dict[str, Any]:
-    """A brick measurement as the database stores it (harness.store.result_store)."""
+    """A brick measurement as the database stores it (mlharness.store.result_store)."""
     return {"brick_key": brick.key, "variant": variant, "op_type": brick.op_type, "label": brick.label,
             "descriptor": brick.describe() | {"nodes": None, "multiplicity": None}, **measurement.describe()}
 
@@ -301,7 +301,7 @@ def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: 
     rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls,
     all of them together at whole_model_cap (the cap the whole model is measured with).
     Returns the final half-width (ms)."""
-    from sut.bricks import calls_left, median_ci
+    from mlharness.sut.bricks import calls_left, median_ci
 
     def terms() -> tuple[list[compose.Term], dict[str, float]]:
         out, weights = [], {}
@@ -340,7 +340,7 @@ def parse_variant(name: str) -> tuple[int, str, str]:
 def _variants(threads: int, providers: list[str], wanted: bool) -> list[tuple[int, str]]:
     """Benanza's variants: every intra-op thread count up to the CPUs this process may use (powers of
     two and the count itself), at the as-executed level and with ONNX Runtime optimizing the brick."""
-    from sut.bricks import AS_EXECUTED, available_cpus
+    from mlharness.sut.bricks import AS_EXECUTED, available_cpus
 
     if not wanted:
         return []
@@ -355,7 +355,7 @@ def _level_name(level: Any) -> str:
 
 def _known_measurements(request: RunRequest, fp: str, keys: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
     """Brick measurements already in the results database for this fingerprint (read only)."""
-    from harness.store import result_store
+    from mlharness.store import result_store
 
     try:
         store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
@@ -371,7 +371,7 @@ def _measured_latency(request: RunRequest) -> dict[str, Any] | None:
     """The median latency (ms) of the LoadGen run that measured the model whole, when one was named."""
     if not request.measured_run:
         return None
-    from harness.store import result_store
+    from mlharness.store import result_store
 
     store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
     if store is None:

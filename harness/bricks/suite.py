@@ -1,5 +1,5 @@
 """`mlharness bricks`: for each model, a LoadGen run that measures it whole, then a bricks run
-(harness.bricks.runner) that decomposes, benchmarks and composes it and compares the two. Each is a
+(mlharness.bricks.runner) that decomposes, benchmarks and composes it and compares the two. Each is a
 run of its own (its own process, folder and record, stored by the launcher); models of one
 invocation share bricks through the results database, in order."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.records.run_record import RunRecord
-from harness.running.request import RunRequest
-from harness.tables import format_table
+from mlharness.records.run_record import RunRecord
+from mlharness.running.request import RunRequest
+from mlharness.tables import format_table
 
 # The measuring run: long enough for a stable median, short enough for a suite (ms; --set overrides).
 MEASURE_SETTINGS = ("min_duration=5000", "min_query_count=64")
@@ -39,7 +39,7 @@ def measuring_request(base: RunRequest, batch: int) -> RunRequest:
 
 
 def run_suite(models: Sequence[str], base: RunRequest, measure: bool = True, say: Any = print) -> SuiteOutcome:
-    from harness.running.progress import Steps
+    from mlharness.running.progress import Steps
 
     outcome = SuiteOutcome()
     with Steps(len(models), quiet=base.quiet, unit="models") as progress:
@@ -57,7 +57,7 @@ def _run_model(model: str, base: RunRequest, measure: bool, say: Any, outcome: S
     """The model's measuring run (unless not asked for), then its bricks run; records into `outcome`."""
     from dataclasses import replace
 
-    from harness.running.launcher import run_request
+    from mlharness.running.launcher import run_request
 
     measured_id = None
     if measure:

@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import write_json, write_text
-from harness.errors import UserError, require
-from harness.running.launcher import Outcome, store_record
-from harness.running.request import RunRequest
+from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import UserError, require
+from mlharness.running.launcher import Outcome, store_record
+from mlharness.running.request import RunRequest
 
 EXTRA = "cluster"
 OUTPUT_KEPT_CHARS = 8000  # the tail of the run's output sent back (what the sweep keeps of a failed cell)
@@ -40,7 +40,7 @@ def require_ray() -> Any:
 def run_on_node(request_json: str) -> dict[str, Any]:
     """The Ray task's body, on the node: run the request in a fresh local process (LocalLauncher,
     not stored here) under a scratch results folder; return the outcome and the run's files as data."""
-    from harness.running.launcher import LocalLauncher
+    from mlharness.running.launcher import LocalLauncher
 
     scratch = Path(tempfile.mkdtemp(prefix="mlharness-node-cell-"))
     try:
@@ -111,8 +111,8 @@ def finish(request: RunRequest, payload: dict[str, Any], node: dict[str, Any] | 
     (moved from the node's scratch folder into `request.results_dir`, run.json's paths with them),
     the scenario's rebuilt view and the stored record. Returns the Outcome (paths moved) and the run's
     output."""
-    from harness.records.results import RUNS_FOLDER, rebuild_view
-    from harness.records.run_record import RunRecord
+    from mlharness.records.results import RUNS_FOLDER, rebuild_view
+    from mlharness.records.run_record import RunRecord
 
     results_dir = Path(request.results_dir).resolve()
     node_root = payload["results_dir"]
@@ -157,7 +157,7 @@ def finish(request: RunRequest, payload: dict[str, Any], node: dict[str, Any] | 
 
 class RayLauncher:
     """The Launcher interface on a Ray cluster: `submit(request)` runs it as a Ray task on a node
-    with the resources it needs (`harness.cluster.resources.cell_needs`) and installs the result here.
+    with the resources it needs (`mlharness.cluster.resources.cell_needs`) and installs the result here.
     `start` and `finish` split it for a scheduler that keeps many tasks in flight."""
 
     def __init__(self, store: bool = True, db_path: Path | None = None):
@@ -182,7 +182,7 @@ class RayLauncher:
         return finish(request, payload, node, self.store, self.db_path)
 
     def submit(self, request: RunRequest) -> Outcome:
-        from harness.cluster.resources import cell_needs
+        from mlharness.cluster.resources import cell_needs
 
         ray = require_ray()
         payload = ray.get(self.start(request, cell_needs(request)))
@@ -216,8 +216,8 @@ def connect(address: str) -> str:
                 ray.init(address="auto", **quiet)
                 return "the local Ray cluster"
             except ConnectionError:
-                from harness.cluster.resources import node_resources
-                from harness.running.system import detect_system
+                from mlharness.cluster.resources import node_resources
+                from mlharness.running.system import detect_system
 
                 ray.init(resources=node_resources(detect_system(), socket.gethostname()), include_dashboard=False,
                          **quiet)

@@ -5,7 +5,7 @@ A node (`mlharness node`) advertises:
   the grid's `cluster: {cells_per_node: N}` (default 1: a benchmark never shares its host);
 - `mlharness_node:<name>: 1` — its name (default the host name), shown in progress and kept in each
   record's `system.cluster_node`;
-- `mlharness_system:<system name>: 1` — the detected system as `harness.running.system.system_name`
+- `mlharness_system:<system name>: 1` — the detected system as `mlharness.running.system.system_name`
   names it (CPU model and core count, e.g. `Intel_Xeon_Platinum_8370C_16c`), once per device it has
   (`..._cuda0` for its first GPU), plus any alias given with `mlharness node --system NAME`;
 - `mlharness_gpu:<GPU name>: count` per GPU model, and Ray's own `GPU` count (Ray detects it).
@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 SLOT = "mlharness_slot"
 NODE_PREFIX = "mlharness_node:"
@@ -33,9 +33,9 @@ def _safe(text: str) -> str:
 
 
 def node_resources(system: Mapping[str, Any], name: str, aliases: tuple[str, ...] = ()) -> dict[str, float]:
-    """The custom resources a node with this detected system (harness.running.system.detect_system)
+    """The custom resources a node with this detected system (mlharness.running.system.detect_system)
     advertises under `name`."""
-    from harness.running.system import system_name
+    from mlharness.running.system import system_name
 
     found: dict[str, float] = {SLOT: 1.0, NODE_PREFIX + _safe(name): 1.0,
                                SYSTEM_PREFIX + system_name(dict(system)): 1.0}
@@ -60,7 +60,7 @@ def node_name(resources: Mapping[str, float], fallback: str) -> str:
 
 def cell_needs(request: Any, per_node: int = 1) -> dict[str, float]:
     """The Ray resources a cell's RunRequest needs, from its hardware manifest."""
-    from specs.index import SpecIndex, default_index
+    from mlharness.specs.index import SpecIndex, default_index
 
     index = SpecIndex(request.specs_root) if request.specs_root else default_index()
     hardware = index.find("hardware", request.hardware)

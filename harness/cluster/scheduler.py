@@ -1,7 +1,7 @@
 """A sweep's cells on a Ray cluster: placement, faults, progress (docs/cluster.md).
 
 The driver places each cell itself, on an alive mlharness node whose advertised resources satisfy the
-cell's needs (harness.cluster.resources) and that has a free slot, and pins the Ray task there (node
+cell's needs (mlharness.cluster.resources) and that has a free slot, and pins the Ray task there (node
 affinity) while the task still asks for the resources: so the driver knows which cell runs where
 (progress, retries), and Ray refuses to run two cells on one slot even beside another sweep.
 
@@ -11,8 +11,8 @@ affinity) while the task still asks for the resources: so the driver knows which
   when no other matches); the retry's row replaces the failed one and keeps the first cause in `error`.
 - Ctrl-C: the cells in flight are cancelled (their runs stopped on their nodes, nothing of them
   recorded); what finished is recorded; the same command resumes with the cells not done.
-- Only this process writes the results tree and the database (harness.cluster.ray_launcher.finish),
-  through the same recording as a local sweep (harness.sweeps.sweep.cell_result, record_cell_run)."""
+- Only this process writes the results tree and the database (mlharness.cluster.ray_launcher.finish),
+  through the same recording as a local sweep (mlharness.sweeps.sweep.cell_result, record_cell_run)."""
 from __future__ import annotations
 
 import time
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.cluster import resources as res
-from harness.cluster.ray_launcher import RayLauncher, node_info, require_ray
-from harness.errors import RunInterrupted, UserError
-from harness.records.run_record import utc_now
-from harness.running.progress import Snapshot, Steps, clock
-from harness.sweeps.sweep import SweepResult, cell_result, record_cell_run
+from mlharness.cluster import resources as res
+from mlharness.cluster.ray_launcher import RayLauncher, node_info, require_ray
+from mlharness.errors import RunInterrupted, UserError
+from mlharness.records.run_record import utc_now
+from mlharness.running.progress import Snapshot, Steps, clock
+from mlharness.sweeps.sweep import SweepResult, cell_result, record_cell_run
 
 NODES_REFRESH_S = 1.0  # how often the alive nodes are read from the cluster
 WAIT_S = 0.25  # one ray.wait
@@ -63,7 +63,7 @@ class Job:
 
 
 class ClusterSteps(Steps):
-    """The sweep's progress (harness.running.progress.Steps): done, failed and left with an ETA from
+    """The sweep's progress (mlharness.running.progress.Steps): done, failed and left with an ETA from
     the cells' mean time over the cells running at once, and one line per node with its cells."""
 
     def __init__(self, total: int, stream: TextIO | None, quiet: bool):
@@ -120,7 +120,7 @@ def alive_nodes(ray: Any) -> dict[str, Node]:
 
 def run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Any, timeout_s: float,
               stream: TextIO, grid: Any) -> SweepResult:
-    """harness.sweeps.sweep.run_sweep's cells_runner on the connected Ray cluster."""
+    """mlharness.sweeps.sweep.run_sweep's cells_runner on the connected Ray cluster."""
     ray = require_ray()
     per_node = grid.cells_per_node
     jobs: deque[Job] = deque()

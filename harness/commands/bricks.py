@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from harness.errors import UserError
-from harness.running.request import RunRequest, add_request_arguments, request_fields
+from mlharness.errors import UserError
+from mlharness.running.request import RunRequest, add_request_arguments, request_fields
 
 
 def cmd_bricks(args: argparse.Namespace) -> int:
-    from harness.bricks.suite import run_suite
+    from mlharness.bricks.suite import run_suite
 
     if args.backend not in (None, "onnxruntime"):  # before the measuring run: it would be wasted
         raise UserError(f"--backend {args.backend}: bricks are measured on onnxruntime only")

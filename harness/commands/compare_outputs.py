@@ -13,14 +13,14 @@ from pathlib import Path
 
 
 def cmd_compare_outputs(args: argparse.Namespace) -> int:
-    from harness.atomic_io import write_json
-    from harness.compare.divergence import (
+    from mlharness.atomic_io import write_json
+    from mlharness.compare.divergence import (
         Tolerance,
         compare_backends,
         compare_generation_logs,
     )
-    from harness.errors import UserError
-    from specs.index import default_index
+    from mlharness.errors import UserError
+    from mlharness.specs.index import default_index
 
     if args.generations:
         paths = tuple(Path(p.strip()) for p in args.generations.split(",") if p.strip())

@@ -7,11 +7,11 @@ import argparse
 import os
 from typing import Any
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 
 def manifests_with_conversions(name_or_path: str, backend: str | None) -> list[Any]:
-    from specs.index import default_index
+    from mlharness.specs.index import default_index
 
     index = default_index()
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
@@ -28,7 +28,7 @@ def manifests_with_conversions(name_or_path: str, backend: str | None) -> list[A
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from sut.conversion import convert
+    from mlharness.sut.conversion import convert
 
     for manifest in manifests_with_conversions(args.model, args.backend):
         for role, artifact in manifest.sources.items():

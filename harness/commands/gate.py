@@ -5,13 +5,13 @@ import argparse
 import os
 from pathlib import Path
 
-from harness.commands.results import add_db_arguments
+from mlharness.commands.results import add_db_arguments
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from harness.atomic_io import write_text
-    from harness.compare import gate, gate_output, gate_refs
-    from harness.store.result_store import resolve_db_path
+    from mlharness.atomic_io import write_text
+    from mlharness.compare import gate, gate_output, gate_refs
+    from mlharness.store.result_store import resolve_db_path
 
     rules = [gate.parse_rule(text) for text in args.rule or []]
     db_path = resolve_db_path(args.db, args.results_dir)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 def ray_start_command(args: argparse.Namespace) -> tuple[list[str], dict[str, float]]:
     """The `ray start` command line for this node, and the custom resources it advertises."""
-    from harness.cluster.resources import node_resources
-    from harness.errors import UserError
-    from harness.running.system import detect_system
+    from mlharness.cluster.resources import node_resources
+    from mlharness.errors import UserError
+    from mlharness.running.system import detect_system
 
     if args.head == bool(args.address):
         raise UserError("mlharness node: expected --head (start a cluster) or --address HOST:PORT (join one)")
@@ -39,14 +39,14 @@ def cmd_node(args: argparse.Namespace) -> int:
             print(f"{key}: {amount:g}")
         print(shlex.join(command))
         return 0
-    from harness.cluster.ray_launcher import require_ray
+    from mlharness.cluster.ray_launcher import require_ray
 
     require_ray()  # a one-line error naming the extra, before `ray` is looked for
     print(f"mlharness node: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
         return subprocess.run(command).returncode
     except FileNotFoundError:
-        from harness.errors import UserError
+        from mlharness.errors import UserError
 
         raise UserError(f"mlharness node: {command[0]}: not found; pip install 'mlharness[cluster]'") from None
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def cmd_profile_show(args: argparse.Namespace) -> int:
-    from profiling.report import load_summary, render
+    from mlharness.profiling.report import load_summary, render
 
     print(render(load_summary(Path(args.result_dir)), top=args.top))
     return 0

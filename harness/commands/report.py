@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.commands.results import add_db_arguments, open_store
-from harness.errors import UserError
+from mlharness.commands.results import add_db_arguments, open_store
+from mlharness.errors import UserError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.compare.report import bricks_report, run_report, sweep_report, tuning_report
+    from mlharness.compare.report import bricks_report, run_report, sweep_report, tuning_report
 
     if args.site:
         if args.out:
             raise UserError("--out: not used with --site (the site is written into the --site folder)")
-        from harness.compare.site import write_site
+        from mlharness.compare.site import write_site
 
         with open_store(args) as store:
             try:

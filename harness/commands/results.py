@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.running.settings import SCENARIOS
+from mlharness.running.settings import SCENARIOS
 
 if TYPE_CHECKING:
-    from harness.records.run_record import RunRecord
+    from mlharness.records.run_record import RunRecord
 
 
 def add_db_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,14 +19,14 @@ def add_db_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_store(args: argparse.Namespace, create: bool = False):  # noqa: ANN201 - ResultStore, imported lazily
-    from harness.store.result_store import ResultStore, resolve_db_path
+    from mlharness.store.result_store import ResultStore, resolve_db_path
 
     return ResultStore(resolve_db_path(args.db, args.results_dir), create=create)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from harness.store.result_store import RunFilter
-    from harness.tables import format_table
+    from mlharness.store.result_store import RunFilter
+    from mlharness.tables import format_table
 
     flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
                     mode=args.mode, sweep=args.sweep)
@@ -83,7 +83,7 @@ def describe(record: RunRecord, figures: dict[str, float]) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from harness.records.run_record import RunRecord
+    from mlharness.records.run_record import RunRecord
 
     with open_store(args) as store:
         data = store.get_run(args.run_id)  # the stored dict: --json prints every field, known or not
@@ -105,9 +105,9 @@ def _flat_settings(record: RunRecord) -> dict[str, Any]:
 
 
 def compare_text(first: RunRecord, second: RunRecord) -> str:
-    from harness.compare import comparability
-    from harness.records import record_metrics
-    from harness.tables import format_table
+    from mlharness.compare import comparability
+    from mlharness.records import record_metrics
+    from mlharness.tables import format_table
 
     a, b = first.figures(), second.figures()
     rows = []
@@ -138,7 +138,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from harness.store.result_store import load_run_files
+    from mlharness.store.result_store import load_run_files
 
     records = load_run_files([Path(p) for p in args.paths])  # every file checked before anything is stored
     with open_store(args, create=True) as store:
@@ -149,7 +149,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
-    from harness.tables import format_table
+    from mlharness.tables import format_table
 
     with open_store(args) as store:
         rows = store.list_sweeps()
@@ -159,7 +159,7 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.sweeps.sweep import sweep_summary
+    from mlharness.sweeps.sweep import sweep_summary
 
     with open_store(args) as store:
         print(sweep_summary(store, args.sweep_id))
@@ -183,7 +183,7 @@ _REPORTED = {"Offline": ("samples_per_second", "Samples/s", 1.0),
 def export_rows(store: Any, flt: Any, all_figures: bool = False) -> list[dict[str, Any]]:
     """One dict per stored run, newest first: its index columns, headline figure, accuracy values
     (`accuracy.<name>`) and, with all_figures, every figure by name. Keys are the same for every row."""
-    from harness.records.run_record import RunRecord
+    from mlharness.records.run_record import RunRecord
 
     runs = []
     for row in store.list_runs(flt):
@@ -201,7 +201,7 @@ def summary_rows(store: Any, flt: Any) -> list[dict[str, Any]]:
     performance run's figure (as MLPerf reports it) and the newest ok accuracy run's accuracy."""
     from dataclasses import replace
 
-    from harness.records.run_record import RunRecord
+    from mlharness.records.run_record import RunRecord
 
     groups: dict[tuple, dict[str, Any]] = {}
     for data in store.records(replace(flt, status="ok")):  # newest first
@@ -237,7 +237,7 @@ def format_export(rows: list[dict[str, Any]], columns: list[str], fmt: str) -> s
     if fmt == "jsonl":
         return "".join(json.dumps(row, default=str) + "\n" for row in rows)
     if fmt == "table":
-        from harness.tables import format_table
+        from mlharness.tables import format_table
 
         return format_table(columns, [[row.get(c) for c in columns] for row in rows]) + "\n"
     buffer = io.StringIO()
@@ -250,9 +250,9 @@ def format_export(rows: list[dict[str, Any]], columns: list[str], fmt: str) -> s
 def cmd_export(args: argparse.Namespace) -> int:
     import sys
 
-    from harness.atomic_io import write_text
-    from harness.errors import UserError
-    from harness.store.result_store import RunFilter
+    from mlharness.atomic_io import write_text
+    from mlharness.errors import UserError
+    from mlharness.store.result_store import RunFilter
 
     flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
                     mode=args.mode, sweep=args.sweep, system=args.system)

@@ -6,16 +6,16 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from harness.running.request import add_request_arguments, request_from_args
-from harness.running.settings import MODES, SCENARIOS
+from mlharness.running.request import add_request_arguments, request_from_args
+from mlharness.running.settings import MODES, SCENARIOS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness import run
+    from mlharness import run
 
     tests: list[str] = []
     if getattr(args, "compliance", None):
-        from harness.submission.compliance import parse_tests
+        from mlharness.submission.compliance import parse_tests
 
         tests = parse_tests(args.compliance)  # before the run: a typo must not cost a long run
     request = request_from_args(
@@ -26,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary(record))
     verdict = (record.accuracy or {}).get("verdict")
     if tests:
-        from harness.submission.compliance import format_outcomes, run_compliance
+        from mlharness.submission.compliance import format_outcomes, run_compliance
 
         outcomes = run_compliance(replace(request, compliance=()), tests, Path(record.results_path))
         print(format_outcomes(outcomes))
@@ -44,7 +44,7 @@ def _as_typed(args: argparse.Namespace) -> str:
 def _profile_levels(text: str | None) -> list[str]:
     if not text:
         return []
-    from profiling import parse_levels
+    from mlharness.profiling import parse_levels
 
     return parse_levels(text)
 
@@ -60,7 +60,7 @@ def format_summary(record) -> str:
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
             if key in perf:
                 lines.append(f"  {key} : {perf[key]}")
-        from harness.records.token_metrics import summary_lines as token_lines
+        from mlharness.records.token_metrics import summary_lines as token_lines
 
         lines.extend(token_lines(perf))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
     lines.extend(_cold_start_lines(record.cold_start or {}))

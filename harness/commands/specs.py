@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 
 def cmd_specs_list(args: argparse.Namespace) -> int:
-    from specs.index import KIND_FOLDERS, default_index
+    from mlharness.specs.index import KIND_FOLDERS, default_index
 
     index = default_index()
     for kind in KIND_FOLDERS:
@@ -21,9 +21,9 @@ def cmd_specs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_validate(args: argparse.Namespace) -> int:
-    from specs.index import spec_files
-    from specs.manifests import load_manifest
-    from specs.validation import ManifestError
+    from mlharness.specs.index import spec_files
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.specs.validation import ManifestError
 
     paths = [Path(p) for p in args.paths] or spec_files()
     problems: list[str] = []
@@ -45,7 +45,7 @@ def cmd_specs_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_specs_schema(args: argparse.Namespace) -> int:
-    from harness.schema_files import schema_models, write_schemas
+    from mlharness.schema_files import schema_models, write_schemas
 
     kinds = [args.kind] if args.kind else list(schema_models())
     for path in write_schemas(Path(args.out), kinds):

@@ -5,8 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.running.request import REQUEST_FLAGS, add_request_arguments, request_fields
-from harness.running.settings import SCENARIOS
+from mlharness.running.request import REQUEST_FLAGS, add_request_arguments, request_fields
+from mlharness.running.settings import SCENARIOS
 
 # The run-request flags a submission session takes (its runs' timeout, software and reference are its own).
 SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick",
@@ -19,8 +19,8 @@ def _split(values: list[str] | None) -> list[str]:
 
 
 def cmd_package(args: argparse.Namespace) -> int:
-    from harness.submission import checker, system_json
-    from harness.submission.packager import PackageOptions, package
+    from mlharness.submission import checker, system_json
+    from mlharness.submission.packager import PackageOptions, package
 
     options = PackageOptions(
         division=args.division, submitter=args.submitter, out=Path(args.out), results_dir=Path(args.results_dir),
@@ -40,14 +40,14 @@ def cmd_package(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness.submission import checker
+    from mlharness.submission import checker
 
     return _print_report(checker.check(Path(args.dir), allow_invalid=args.allow_invalid,
                                        skip_dataset_size_check=args.skip_dataset_size_check), Path(args.dir))
 
 
 def _print_report(report, base: Path) -> int:
-    from harness.submission.checker import WAIVERS
+    from mlharness.submission.checker import WAIVERS
 
     for problem in report.problems:
         print(problem.line(base), file=sys.stderr)
@@ -62,7 +62,7 @@ def _print_report(report, base: Path) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.submission.session import SessionOptions, run_session
+    from mlharness.submission.session import SessionOptions, run_session
 
     fields = request_fields(args)
     options = SessionOptions(

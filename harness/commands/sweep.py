@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.commands.results import add_db_arguments
+from mlharness.commands.results import add_db_arguments
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.store.result_store import ResultStore, resolve_db_path
-    from harness.sweeps.sweep import SweepOptions, best_table, run_sweep, sweep_rows
+    from mlharness.store.result_store import ResultStore, resolve_db_path
+    from mlharness.sweeps.sweep import SweepOptions, best_table, run_sweep, sweep_rows
 
     options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
@@ -22,7 +22,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         result = run_sweep(Path(args.grid), options, cells_runner=runner)
     finally:
         if runner is not None:
-            from harness.cluster.ray_launcher import disconnect
+            from mlharness.cluster.ray_launcher import disconnect
 
             disconnect()
     if args.dry_run:
@@ -37,14 +37,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
-def _cluster_runner(address: str):  # noqa: ANN202 - harness.cluster.scheduler.run_cells
+def _cluster_runner(address: str):  # noqa: ANN202 - mlharness.cluster.scheduler.run_cells
     """--cluster: connect to the Ray cluster (a one-line error without the `cluster` extra)."""
     import sys
 
-    from harness.cluster.ray_launcher import connect
+    from mlharness.cluster.ray_launcher import connect
 
     print(f"cluster: {connect(address)}", file=sys.stderr)
-    from harness.cluster.scheduler import run_cells
+    from mlharness.cluster.scheduler import run_cells
 
     return run_cells
 

@@ -1,13 +1,13 @@
 """`mlharness tune MODEL --scenario S`: search the settings a model runs best with on this system and
-store them for later runs (harness.running.tuning)."""
+store them for later runs (mlharness.running.tuning)."""
 from __future__ import annotations
 
 import argparse
 import shlex
 
-from harness.errors import UserError
-from harness.running.request import RunRequest, add_request_arguments, request_fields
-from harness.tables import format_table
+from mlharness.errors import UserError
+from mlharness.running.request import RunRequest, add_request_arguments, request_fields
+from mlharness.tables import format_table
 
 # The trial runs' length: short, but long enough for a stable figure (--set overrides either).
 TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query_count=64",),
@@ -15,8 +15,8 @@ TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from harness.running.tuned import settings_text, trial_status
-    from harness.running.tuning import MIN_GAIN, tune
+    from mlharness.running.tuned import settings_text, trial_status
+    from mlharness.running.tuning import MIN_GAIN, tune
 
     fields = request_fields(args)
     trial = (f"min_duration={int(args.trial_seconds * 1000)}", *TRIAL_SETTINGS.get(args.scenario, ()))

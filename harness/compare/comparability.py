@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.records.run_record import RunRecord
+from mlharness.records.run_record import RunRecord
 
 # Fields of the detected system that change performance; hostname and memory size do not count.
 SYSTEM_FIELDS = ("cpu_model", "logical_cpus", "cpus_available", "machine", "gpus")

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import UserError
-from specs.index import SpecIndex
-from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest, TensorSpec
+from mlharness.errors import UserError
+from mlharness.specs.index import SpecIndex
+from mlharness.specs.manifests import DatasetManifest, HardwareManifest, ModelManifest, TensorSpec
 
 SCHEMA_VERSION = 1
 RANKED_TYPES = ("scores", "logits", "probabilities")  # outputs whose argmax is a class
@@ -101,8 +101,8 @@ class BackendOutputs:
 def collect(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend: str,
             limit: int = 0, batch_size: int = 0) -> BackendOutputs:
     """Run `model` on every sample of `dataset` (the first `limit`), outside LoadGen, in batches."""
-    from sut.processing import batch_result_function
-    from sut.runtime import build_runtime
+    from mlharness.sut.processing import batch_result_function
+    from mlharness.sut.runtime import build_runtime
 
     runtime = build_runtime(model, dataset, hardware, backend, {"dataset_limit": limit})
     try:
@@ -291,7 +291,7 @@ class TokenAgreementReport:
 def collect_generations(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend: str,
                         limit: int = 0) -> list[SampleTokens]:
     """Tokenize every prompt (the first `limit`) and generate greedily on `backend`, outside LoadGen."""
-    from sut.llm.runtime import build_llm_runtime
+    from mlharness.sut.llm.runtime import build_llm_runtime
 
     runtime = build_llm_runtime(model, dataset, hardware, backend, {"dataset_limit": limit, "max_batch_size": 1})
     try:
@@ -320,7 +320,7 @@ def _token_report(model_name: str, dataset: str, backends: tuple[str, str], firs
 
 
 def read_generations(path: Path) -> list[SampleTokens]:
-    """An accuracy run's generations.jsonl (harness.running.llm_accuracy): one sample a line."""
+    """An accuracy run's generations.jsonl (mlharness.running.llm_accuracy): one sample a line."""
     if not path.is_file():
         raise UserError(f"{path}: no such file (an accuracy run of a generative model writes accuracy/generations.jsonl)")
     samples = []
@@ -347,7 +347,7 @@ def compare_generation_logs(paths: tuple[Path, Path], min_agreement: float = 1.0
 def compare_backends(index: SpecIndex, model_name: str, dataset_name: str | None, backends: tuple[str, str],
                      tolerance: Tolerance, hardware: str = "cpu", limit: int = 0,
                      batch_size: int = 0) -> DivergenceReport | TokenAgreementReport:
-    from harness.running.runner import select_model
+    from mlharness.running.runner import select_model
 
     if len(backends) != 2 or backends[0] == backends[1]:
         raise UserError(f"--backends: expected two different backends such as torch,onnxruntime, got {','.join(backends)}")

@@ -14,9 +14,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.compare import comparability
-from harness.errors import UserError, require
-from harness.records.run_record import RunRecord
+from mlharness.compare import comparability
+from mlharness.errors import UserError, require
+from mlharness.records.run_record import RunRecord
 
 _RULE = re.compile(r"^(?P<figure>[A-Za-z0-9_.]+):(?P<sign>[+-])(?P<limit>\d+(?:\.\d+)?)(?P<unit>%|pt)?$")
 DEFAULT_ALPHA = 0.05

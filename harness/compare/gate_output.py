@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from harness.compare.gate import Check, GateResult
+from mlharness.compare.gate import Check, GateResult
 
 _ICON = {"pass": "✅", "fail": "❌", "missing": "⚠️", "error": "❌"}
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.errors import UserError
-from harness.records.run_record import RunRecord
-from harness.store.result_store import ResultStore, RunFilter
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
+from mlharness.store.result_store import ResultStore, RunFilter
 
 QUERY_KEYS = frozenset({"model", "scenario", "backend", "mode", "status", "sweep", "system", "n"})
 
@@ -58,7 +58,7 @@ def _query(store: ResultStore, text: str, ref: str) -> list[RunRecord]:
 
 
 def _sweep(store: ResultStore, sweep_id: str) -> list[RunRecord]:
-    from harness.sweeps.sweep import sweep_rows
+    from mlharness.sweeps.sweep import sweep_rows
 
     # sweep_rows gives each cell's stored record dict, already migrated by the store.
     records = [RunRecord.from_dict(row["record"]) for row in sweep_rows(store, sweep_id) if row["record"] is not None]

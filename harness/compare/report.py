@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness.atomic_io import write_bytes, write_text
-from harness.records.run_record import BRICKS, RunRecord
-from harness.tables import format_value
+from mlharness.atomic_io import write_bytes, write_text
+from mlharness.records.run_record import BRICKS, RunRecord
+from mlharness.tables import format_value
 
 PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
                    ("p99_latency_ns", 99), ("p99_9_latency_ns", 99.9))
@@ -31,7 +31,7 @@ class Plot:
 
 
 def _pyplot():  # noqa: ANN202 - matplotlib.pyplot, loaded only when a report is written
-    from harness.errors import require
+    from mlharness.errors import require
 
     matplotlib = require("matplotlib", "reports", "report plots")
 
@@ -236,7 +236,7 @@ def _bricks_records(records: Iterable[RunRecord]) -> list[RunRecord]:
 
 
 def bricks_plots(records: list[RunRecord]) -> list[Plot]:
-    """Layer benchmarks (harness.bricks): estimate vs measured vs lower bound per model, and each
+    """Layer benchmarks (mlharness.bricks): estimate vs measured vs lower bound per model, and each
     model's time per op type as measured through its bricks and at its lower bound."""
     bricks = _bricks_records(records)
     if not bricks:
@@ -316,8 +316,8 @@ def _cold_start_table(records: list[RunRecord]) -> str | None:
 
 
 def _token_table(records: list[RunRecord]) -> str | None:
-    """Per generative run: TTFT, TPOT, inter-token latency, tokens/s, goodput (harness.records.token_metrics)."""
-    from harness.records.token_metrics import REPORT_COLUMNS, report_row
+    """Per generative run: TTFT, TPOT, inter-token latency, tokens/s, goodput (mlharness.records.token_metrics)."""
+    from mlharness.records.token_metrics import REPORT_COLUMNS, report_row
 
     rows = [(r.run_id, *row) for r in records if (row := report_row(r.performance or {})) is not None]
     return _table(("run id", *REPORT_COLUMNS), rows) if rows else None
@@ -377,8 +377,8 @@ def run_report(store: Any, run_id: str, out_dir: Path) -> Path:
 
 def bricks_report(store: Any, out_dir: Path) -> Path:
     """Every model's latest layer benchmark in the database, side by side."""
-    from harness.errors import UserError
-    from harness.store.result_store import RunFilter
+    from mlharness.errors import UserError
+    from mlharness.store.result_store import RunFilter
 
     records = latest_bricks(store.run_records(RunFilter(scenario="bricks", status="ok")))
     if not records:
@@ -389,8 +389,8 @@ def bricks_report(store: Any, out_dir: Path) -> Path:
 def tuning_report(store: Any, out_dir: Path) -> Path:
     """Every tuned configuration (`mlharness tune`): its search as a table and a chart of each trial's
     figure, the trials' runs below."""
-    from harness.errors import UserError
-    from harness.running.tuned import settings_text, trial_status
+    from mlharness.errors import UserError
+    from mlharness.running.tuned import settings_text, trial_status
 
     tuned = store.list_tuned()
     if not tuned:
@@ -442,7 +442,7 @@ def latest_bricks(records: Iterable[RunRecord]) -> list[RunRecord]:
 
 
 def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
-    from harness.sweeps.sweep import best_configurations, sweep_rows
+    from mlharness.sweeps.sweep import best_configurations, sweep_rows
 
     rows = sweep_rows(store, sweep_id)
     # sweep_rows gives each cell's stored record dict, already migrated by the store.

@@ -8,7 +8,7 @@
     DIR/compare.html#ID,ID,...    two or more runs side by side, with the gates' comparability rules
     DIR/sweeps/<sweep>.html       a sweep: heat maps of the headline figure by batch size x threads,
                                   its cells, the best configuration, throughput and latency plots
-    DIR/bricks.html               every model's latest layer benchmark (harness.bricks)
+    DIR/bricks.html               every model's latest layer benchmark (mlharness.bricks)
 
 Plain HTML with inline CSS and JavaScript, PNG plots (matplotlib, Agg) beside the pages, relative links
 only: the folder opens from a file or a CI artifact, and nothing is fetched off the machine."""
@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.atomic_io import write_bytes, write_text
-from harness.compare import comparability
-from harness.compare.report import (
+from mlharness.atomic_io import write_bytes, write_text
+from mlharness.compare import comparability
+from mlharness.compare.report import (
     Plot, _pyplot, _png, _cold_start_table, bricks_plots, bricks_table, latency_plots, latest_bricks, profile_plots,
     throughput_plots, accuracy_plots)
-from harness.errors import UserError
-from harness.records import record_metrics
-from harness.records.run_record import BRICKS, RunRecord, migrate_record
-from harness.tables import format_value
+from mlharness.errors import UserError
+from mlharness.records import record_metrics
+from mlharness.records.run_record import BRICKS, RunRecord, migrate_record
+from mlharness.tables import format_value
 
 COPY_LIMIT_BYTES = 64 * 2**20  # a profile timeline or traceback larger than this is named, not copied
 
@@ -805,7 +805,7 @@ def _compare_page(root: Path, site: Site) -> None:
 
 
 def _sweep_page(root: Path, store: Any, sweep: Any, site: Site) -> None:
-    from harness.sweeps.sweep import best_configurations, sweep_rows
+    from mlharness.sweeps.sweep import best_configurations, sweep_rows
 
     sweep_id = sweep["sweep_id"]
     name = slug(sweep_id)

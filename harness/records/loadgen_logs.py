@@ -53,8 +53,8 @@ def parse_summary(path: Path) -> dict[str, Any]:
                 "early_stopping_90th_percentile_estimate", "early_stopping_99th_percentile_estimate"):
         if key in parsed:
             result[key] = parsed[key]
-    # LoadGen's token mode (use_token_latencies): TTFT, TPOT and tokens/s (harness.records.token_metrics).
-    from harness.records.token_metrics import token_figures
+    # LoadGen's token mode (use_token_latencies): TTFT, TPOT and tokens/s (mlharness.records.token_metrics).
+    from mlharness.records.token_metrics import token_figures
 
     result.update(token_figures(raw))
     scenario = result.get("scenario")

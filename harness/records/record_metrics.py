@@ -20,7 +20,7 @@ HEADLINE = {
     "Server": ("completed_samples_per_second", True),
     "SingleStream": ("p90_latency_ns", False),
     "MultiStream": ("p99_latency_ns", False),
-    "bricks": ("estimate_ms", False),  # a layer benchmark (harness.bricks): its composed estimate
+    "bricks": ("estimate_ms", False),  # a layer benchmark (mlharness.bricks): its composed estimate
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import write_json, write_text
+from mlharness.atomic_io import write_json, write_text
 
 RESULTS_SCHEMA_VERSION = 1
 RUNS_FOLDER = "runs"

@@ -8,14 +8,14 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.errors import UserError
-from harness.records import record_metrics
+from mlharness.errors import UserError
+from mlharness.records import record_metrics
 
 # What a record measured. A LoadGen test (every run so far) has a scenario, LoadGen settings and a
 # LoadGen summary; later kinds (layer benchmarks, LLM token runs) will not, so a reader that needs
 # LoadGen's fields checks `is_loadgen` and skips, with a reason, a record of another kind.
 LOADGEN = "loadgen"
-BRICKS = "bricks"  # a layer-level benchmark (harness.bricks): `bricks` holds its figures
+BRICKS = "bricks"  # a layer-level benchmark (mlharness.bricks): `bricks` holds its figures
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # MIGRATIONS[n] takes a version n + 1 record (a run.json dict) to version n + 2, as the results
-# database migrates (harness.store.result_store). Older records are migrated forward when read, newer
+# database migrates (mlharness.store.result_store). Older records are migrated forward when read, newer
 # ones are refused rather than guessed at.
 MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2, _v2_to_v3]
 RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
@@ -185,11 +185,11 @@ class RunRecord:
         return [(kind, ref) for kind, ref in refs if ref]
 
     def figures(self) -> dict[str, float]:
-        """Every named numeric figure (harness.records.record_metrics.flatten)."""
+        """Every named numeric figure (mlharness.records.record_metrics.flatten)."""
         return record_metrics.flatten(self)
 
     def headline(self) -> tuple[str, float | None]:
-        """(figure name, value) of the scenario's headline metric (harness.records.record_metrics.headline)."""
+        """(figure name, value) of the scenario's headline metric (mlharness.records.record_metrics.headline)."""
         return record_metrics.headline(self)
 
     @classmethod

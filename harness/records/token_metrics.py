@@ -90,7 +90,7 @@ def sample_clock(issued: int, admitted: int, tokens: Sequence[int], steps: Seque
     """(handed to the engine, prefill start, first token, last token) of one sample that made tokens, issued
     at `issued`, handed to the engine at `admitted`, whose tokens the SUT was handed at `tokens`: the one
     split of a sample's time that the run's figures (sut_stage_figures) and its timeline
-    (profiling.token_timeline) share. A hand-off stamp outside issue..first token (a sample the SUT never
+    (mlharness.profiling.token_timeline) share. A hand-off stamp outside issue..first token (a sample the SUT never
     stamped) is clamped into it. Where the engine records its steps (`steps` sorted, `ends` their end
     times), the rest is on the engine's clock: the start of the step that made the first token (a token
     belongs to the last step that ended before the SUT was handed it) and the ends of the steps that made
@@ -166,7 +166,7 @@ REPORT_COLUMNS = ("TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "ITL p50/p90
 
 
 def report_row(performance: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """A report's row of a run's token figures (harness.compare.report), None for a run without them."""
+    """A report's row of a run's token figures (mlharness.compare.report), None for a run without them."""
     def trio(kind: str) -> str:
         values = [performance.get(f"{kind}_{p}_ns") for p in ("p50", "p90", "p99")]
         return " / ".join(f"{v / 1e6:.1f}" for v in values if isinstance(v, (int, float))) or "-"

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
-from harness.running.metrics import MetricResult, get_metric
-from specs.manifests import ReferenceLog, TensorSpec
+from mlharness.errors import UserError
+from mlharness.running.metrics import MetricResult, get_metric
+from mlharness.specs.manifests import ReferenceLog, TensorSpec
 
 
 def decode_accuracy_log(path: Path, result: TensorSpec, dims: dict[str, int] | None = None) -> dict[int, np.ndarray]:

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from harness.atomic_io import write_json, write_text
-from harness.errors import RunFailed, RunInterrupted, UserError
-from harness.records.run_record import RunRecord, new_run_id, utc_now
-from harness.running.request import RunRequest
+from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import RunFailed, RunInterrupted, UserError
+from mlharness.records.run_record import RunRecord, new_run_id, utc_now
+from mlharness.running.request import RunRequest
 
 OUTCOME_SCHEMA_VERSION = 1
 GRACE_SECONDS = 1.5  # between forwarding a signal and killing the child's process group
@@ -171,7 +171,7 @@ def store_record(record: RunRecord, db_path: Path | None = None) -> None:
     directory's). A database that cannot take it is one line; the run's files stay in place."""
     import sqlite3
 
-    from harness.store import result_store
+    from mlharness.store import result_store
 
     try:
         if db_path is not None:
@@ -223,12 +223,9 @@ class LocalLauncher:
 
     def _run_child(self, request: RunRequest, workdir: Path) -> Outcome:
         write_text(workdir / "request.json", request.to_json())
-        command = [sys.executable, "-m", "harness.running.launcher", str(workdir)]
+        command = [sys.executable, "-m", "mlharness.running.launcher", str(workdir)]
         env = dict(os.environ)
-        # The child must import this very harness, wherever the parent found it (a checkout or a wheel).
-        # That is the folder holding the `harness` package (this file is harness/running/launcher.py).
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
         sink = open(self.output, "ab") if self.output is not None else None
         try:
             child = subprocess.Popen(command, start_new_session=True, env=env, stdout=sink,
@@ -522,11 +519,20 @@ def child_main(workdir: Path) -> None:
     _exit_with(workdir, outcome)
 
 
+def package_root() -> str | None:
+    """The folder to put first on a child's path so that it imports this very mlharness: the one holding
+    the `mlharness` package where that is a plain folder (a wheel, a copied tree). An editable install
+    maps the checkout's folders into the namespace by its own finder, which the child loads as well;
+    the checkout's root is then left off the path (it would expose `harness`, `specs`... as top-level)."""
+    package = Path(__file__).resolve().parents[1]
+    return str(package.parent) if package.name == "mlharness" else None
+
+
 def runner_for(kind: str) -> Any:
     """The module whose `run_here(request, guard)` executes a run of this kind in this process."""
     import importlib
 
-    return importlib.import_module({"loadgen": "harness.running.runner", "bricks": "harness.bricks.runner"}[kind])
+    return importlib.import_module({"loadgen": "mlharness.running.runner", "bricks": "mlharness.bricks.runner"}[kind])
 
 
 def _error_outcome(exc: BaseException) -> Outcome:

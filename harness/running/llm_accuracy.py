@@ -15,10 +15,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.atomic_io import write_text
-from harness.errors import UserError
-from harness.running import accuracy as accuracy_mod
-from harness.running.metrics import MetricResult, metric
+from mlharness.atomic_io import write_text
+from mlharness.errors import UserError
+from mlharness.running import accuracy as accuracy_mod
+from mlharness.running.metrics import MetricResult, metric
 
 _WORD = re.compile(r"[a-z0-9]+")
 

@@ -9,8 +9,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.errors import UserError, require
-from specs import manifests
+from mlharness.errors import UserError, require
+from mlharness.specs import manifests
 
 ENTRY_POINT_GROUP = "mlharness.metrics"
 

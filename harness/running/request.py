@@ -1,5 +1,5 @@
 """RunRequest: everything that decides one run, frozen and validated when built. Its JSON form
-(`to_json`/`from_json`) is the only form that crosses a process boundary (see harness.running.launcher)."""
+(`to_json`/`from_json`) is the only form that crosses a process boundary (see mlharness.running.launcher)."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.errors import UserError
-from harness.running.settings import MODES, SCENARIOS
+from mlharness.errors import UserError
+from mlharness.running.settings import MODES, SCENARIOS
 
 DEFAULT_RESULTS_DIR = Path("results")
 # A whole run (all its LoadGen tests) longer than this is stopped and recorded as failed. Full-length
@@ -17,8 +17,8 @@ DEFAULT_RESULTS_DIR = Path("results")
 DEFAULT_RUN_TIMEOUT = 4 * 3600.0
 # Version 2 added `kind` and the layer-benchmark fields (batch, measured_run, variants, brick_time_cap).
 REQUEST_SCHEMA_VERSION = 2
-# What a run measures, and so which runner executes it in the run's process (harness.running.launcher):
-# a LoadGen test, or a layer-level benchmark of the model's bricks (harness.bricks).
+# What a run measures, and so which runner executes it in the run's process (mlharness.running.launcher):
+# a LoadGen test, or a layer-level benchmark of the model's bricks (mlharness.bricks).
 RUN_KINDS = ("loadgen", "bricks")
 
 _PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root")
@@ -57,7 +57,7 @@ class RunRequest:
     measured_run: str | None = None
     variants: bool = True
     brick_time_cap: float = 2.0
-    quiet: bool = False  # no progress display (harness.running.progress)
+    quiet: bool = False  # no progress display (mlharness.running.progress)
     use_tuned: bool = True  # start from the configuration `mlharness tune` stored for this model and system
 
     def __post_init__(self) -> None:

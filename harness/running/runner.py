@@ -12,29 +12,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.atomic_io import write_json, write_text
-from harness.errors import RunFailed, UserError
-from harness.records import results
-from harness.records.loadgen_logs import detail_problems, parse_summary
-from harness.records.run_record import RunRecord, new_run_id, utc_now
-from harness.running import accuracy as accuracy_mod
-from harness.running import system as system_mod
-from harness.running.request import DEFAULT_RESULTS_DIR, RunRequest
-from harness.running.settings import (
+from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import RunFailed, UserError
+from mlharness.records import results
+from mlharness.records.loadgen_logs import detail_problems, parse_summary
+from mlharness.records.run_record import RunRecord, new_run_id, utc_now
+from mlharness.running import accuracy as accuracy_mod
+from mlharness.running import system as system_mod
+from mlharness.running.request import DEFAULT_RESULTS_DIR, RunRequest
+from mlharness.running.settings import (
     Settings,
     apply_to_loadgen,
     build_settings,
     validate_loadgen_settings,
 )
-from specs.index import SpecIndex
-from specs.manifests import ModelManifest, ReferenceLog
+from mlharness.specs.index import SpecIndex
+from mlharness.specs.manifests import ModelManifest, ReferenceLog
 
 __all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run_here", "select_model"]
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
     """A model manifest by path, or by name and backend; without a backend, the registry's first."""
-    from sut import backends as backend_registry
+    from mlharness.sut import backends as backend_registry
 
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
         return index.find("model", name_or_path)
@@ -78,7 +78,7 @@ def _conf_model(model: ModelManifest) -> str:
 
 
 def prepare_settings(request: RunRequest, model: ModelManifest, tuned: dict[str, Any] | None = None) -> Settings:
-    """The run's settings; `tuned` is a stored tuned configuration (harness.running.tuning.lookup)."""
+    """The run's settings; `tuned` is a stored tuned configuration (mlharness.running.tuning.lookup)."""
     presets = (["quick"] if request.quick else []) + list(request.presets)
     return build_settings(scenario=request.scenario, mode=request.mode, conf_model=_conf_model(model),
                           model_name=model.name, model_hints=model.attributes.get("settings"),
@@ -90,7 +90,7 @@ def prepare_settings(request: RunRequest, model: ModelManifest, tuned: dict[str,
 
 
 def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
-    from harness.running.settings import HARNESS_DEFAULTS
+    from mlharness.running.settings import HARNESS_DEFAULTS
 
     options = {"max_batch_size": int(model.attributes.get("max_batch_size", 1)), **HARNESS_DEFAULTS}
     options.update(settings.harness)
@@ -100,7 +100,7 @@ def _harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]
 def resolve_manifests(request: RunRequest) -> tuple[ModelManifest, str, Any, Any, Any, ReferenceLog | None]:
     """(model, backend name, dataset, hardware, software, reference) the request names; pins the
     process to the hardware manifest's CPUs first, so everything detected or started later sees it."""
-    from specs.index import default_index
+    from mlharness.specs.index import default_index
 
     index = SpecIndex(request.specs_root) if request.specs_root else default_index()
     model = select_model(index, request.model, request.backend)
@@ -118,7 +118,7 @@ def resolve_manifests(request: RunRequest) -> tuple[ModelManifest, str, Any, Any
 
 
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
-    """The run itself, in this process (the launcher's child): `guard` (harness.running.launcher.RunGuard)
+    """The run itself, in this process (the launcher's child): `guard` (mlharness.running.launcher.RunGuard)
     is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
     model, backend_name, dataset, hardware, software, reference = resolve_manifests(request)
     settings = prepare_settings(request, model)
@@ -145,24 +145,24 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     guard.started(record, where)
     runtime = None
     try:
-        from sut.runtime import build_runtime
+        from mlharness.sut.runtime import build_runtime
 
         options = _harness_options(settings, model)
-        if model.generation is not None:  # a generative model: sut.llm (issue 19)
-            from sut.llm.runtime import build_llm_runtime as build_runtime  # noqa: F811
+        if model.generation is not None:  # a generative model: mlharness.sut.llm (issue 19)
+            from mlharness.sut.llm.runtime import build_llm_runtime as build_runtime  # noqa: F811
         runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
         record.artifacts = runtime.artifacts
         record.cold_start = dict(runtime.cold_start)
         # The first inference and the warm-up, outside LoadGen: its test measures a warm system.
-        from sut.warmup import first_inference_and_warm_up
+        from mlharness.sut.warmup import first_inference_and_warm_up
 
         # SingleStream sends one sample per query, so it warms up at batch 1.
         warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
         if getattr(runtime, "generative", False):
-            from sut.llm.runtime import first_generation_and_warm_up
+            from mlharness.sut.llm.runtime import first_generation_and_warm_up
 
             record.cold_start.update(first_generation_and_warm_up(
                 runtime, int(options["warmup_queries"]), float(options["warmup_seconds"])))
@@ -202,8 +202,8 @@ def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_
                 settings: Settings) -> Settings:
     """The settings with the tuned configuration stored for this model, system, backend and software
     (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs)."""
-    from harness.running import tuned as tuning
-    from harness.running.progress import quiet_from_env
+    from mlharness.running import tuned as tuning
+    from mlharness.running.progress import quiet_from_env
 
     if not request.use_tuned or request.mode not in ("performance", "submission") or \
             getattr(model, "generation", None) is not None:  # tune does not search generative models
@@ -252,7 +252,7 @@ def _token_mode(settings: Settings) -> None:
 
 def check_device(backend_name: str, hardware: Any) -> None:
     """A device the backend cannot use here is refused before anything is written."""
-    from sut import backends as backend_registry
+    from mlharness.sut import backends as backend_registry
 
     problem = backend_registry.backend_class(backend_name).device_problem(hardware)
     if problem:
@@ -267,7 +267,7 @@ def check_cuda_graphs(settings: Settings, backend_name: str, hardware: Any, mode
     if backend_name != "torch":
         raise UserError(f"cuda_graphs: only the torch backend captures CUDA graphs, this run's backend is "
                         f"{backend_name} (set by {settings.origin.get('cuda_graphs', '?')})")
-    from sut.device_torch import cuda_graph_problem
+    from mlharness.sut.device_torch import cuda_graph_problem
 
     problem = cuda_graph_problem(hardware.device, model.inputs)
     if problem:
@@ -276,7 +276,7 @@ def check_cuda_graphs(settings: Settings, backend_name: str, hardware: Any, mode
 
 def record_usage(record: RunRecord, hardware: Any) -> None:
     """Peak memory of the run's process (and of the device where one was used), for run.json."""
-    from harness.resources import usage
+    from mlharness.resources import usage
 
     record.cold_start.update(usage(hardware.device))
 
@@ -391,7 +391,7 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
 def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy_mod.AccuracyReport:
     model, dataset = runtime.model, runtime.dataset
     if getattr(runtime, "generative", False):  # generated token ids, decoded to text (issue 19)
-        from harness.running import llm_accuracy
+        from mlharness.running import llm_accuracy
 
         spec = dataset.evaluation or model.accuracy
         report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", runtime.backend.decode, runtime.labels, spec,
@@ -419,7 +419,7 @@ def _profile_session(request: RunRequest, where: results.ScenarioDir, mode: str)
     or the accuracy test when that is the only one."""
     if not request.profile or (mode == "accuracy" and request.mode != "accuracy"):
         return None
-    import profiling
+    from mlharness import profiling
 
     return profiling.new_session(request.profile, where.stage("profile"), request.scenario)
 
@@ -485,9 +485,9 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     `cold_start` (its time per full batch) derives the batch wait's bound."""
     import mlperf_loadgen as lg
 
-    from sut.handoff import load_handoff, load_issue_queue
-    from sut.loadgen_handles import loadgen_handles
-    from sut.system_under_test import SystemUnderTest
+    from mlharness.sut.handoff import load_handoff, load_issue_queue
+    from mlharness.sut.loadgen_handles import loadgen_handles
+    from mlharness.sut.system_under_test import SystemUnderTest
 
     test_settings = apply_to_loadgen(settings, user_conf)
     log_settings = lg.LogSettings()
@@ -502,7 +502,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     if facts is not None:
         facts.update(issue_path=issue_path, **wait)
     if generative:  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
-        from sut.llm.token_sut import TokenStreamingSUT
+        from mlharness.sut.llm.token_sut import TokenStreamingSUT
 
         sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario,
                                 batching=options["llm_batching"], max_batch_size=options["max_batch_size"],
@@ -544,7 +544,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     validate_loadgen_settings(settings, performance_sample_count=perf_count)
     # An explicit audit.config path: LoadGen otherwise reads ./audit.config from the working directory.
     audit = str(request.audit_config) if request.audit_config else str(logdir / "no-audit.config")
-    from harness.running.progress import Ticker, plan_loadgen_test, quiet_from_env
+    from mlharness.running.progress import Ticker, plan_loadgen_test, quiet_from_env
 
     plan = plan_loadgen_test(test_settings, settings.scenario, settings.mode, settings.origin, total)
     quiet = bool(getattr(request, "quiet", False)) or quiet_from_env()

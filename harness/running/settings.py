@@ -11,19 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.errors import UserError
-from harness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS  # noqa: F401  (read here)
-from specs.validation import load_yaml
+from mlharness.errors import UserError
+from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS  # noqa: F401  (read here)
+from mlharness.specs.validation import load_yaml
 
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
                                            "execution_mode": ("sequential", "parallel"),
-                                           # a generative model's scheduling in Offline and Server (sut.llm.token_sut)
+                                           # a generative model's scheduling in Offline and Server (mlharness.sut.llm.token_sut)
                                            "llm_batching": ("continuous", "static")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
                                     "batch_wait_ms": 0.0, "llm_batching": "continuous",
-                                    # Offline: rows whose outputs are postprocessed together (sut.output_groups)
+                                    # Offline: rows whose outputs are postprocessed together (mlharness.sut.output_groups)
                                     "postprocess_group_rows": 64}
 _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms"})
 _ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
@@ -36,7 +36,7 @@ PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_r
 
 def scenarios_root() -> Path:
     """The shipped scenarios/ package's folder (the presets), unless MLHARNESS_SCENARIOS points elsewhere."""
-    from specs.index import shipped_folder
+    from mlharness.specs.index import shipped_folder
 
     return shipped_folder("scenarios", "MLHARNESS_SCENARIOS")
 
@@ -280,8 +280,8 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     doc = load_yaml(path)
     from pydantic import ValidationError
 
-    from harness.running.settings_schema import PresetDoc
-    from specs.validation import ManifestError, problems_from
+    from mlharness.running.settings_schema import PresetDoc
+    from mlharness.specs.validation import ManifestError, problems_from
 
     try:
         PresetDoc.model_validate(doc)
@@ -347,7 +347,7 @@ _MODES = {"performance": "PerformanceOnly", "accuracy": "AccuracyOnly", "find-pe
 
 
 def loadgen_config_loaded() -> bool:
-    """True once this process has applied a LoadGen configuration (a run has its own process: harness.running.launcher)."""
+    """True once this process has applied a LoadGen configuration (a run has its own process: mlharness.running.launcher)."""
     return bool(_LOADED)
 
 
@@ -366,7 +366,7 @@ def apply_to_loadgen(settings: Settings, user_conf_path: Path) -> Any:
         _LOADED.update(key=key, test=test)
     elif _LOADED["key"] != key:
         raise RuntimeError("LoadGen was already configured in this process with other settings; "
-                           "run each benchmark in its own process (harness.running.launcher)")
+                           "run each benchmark in its own process (mlharness.running.launcher)")
     test = _LOADED["test"]
     test.mode = getattr(lg.TestMode, _MODES[settings.mode])
     return test

@@ -1,14 +1,14 @@
 """The settings vocabulary of the YAML files that carry settings (scenario presets here, sweep grids
-in harness.sweeps.grid_schema), as pydantic types: a setting's name must be a known LoadGen or
+in mlharness.sweeps.grid_schema), as pydantic types: a setting's name must be a known LoadGen or
 harness key and its value a scalar. Each value's own rule (a positive duration, a known choice) is
-checked where the value is applied (harness.running.settings), which names the layer that set it."""
+checked where the value is applied (mlharness.running.settings), which names the layer that set it."""
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
-from harness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, SCENARIOS
-from specs.schema import Doc
-from specs.validation import Expect, refuse, refuse_all
+from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, SCENARIOS
+from mlharness.specs.schema import Doc
+from mlharness.specs.validation import Expect, refuse, refuse_all
 
 SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
 SETTING_TEXT = f"a setting name (one of {', '.join(SETTING_KEYS)})"

@@ -10,8 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
-from specs.manifests import SoftwareManifest
+from mlharness.errors import UserError
+from mlharness.specs.manifests import SoftwareManifest
 
 RECORDED_PACKAGES = ("mlcommons-loadgen", "numpy", "onnxruntime", "onnx", "torch", "transformers", "mlharness")
 

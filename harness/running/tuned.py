@@ -1,5 +1,5 @@
 """Tuned configurations as runs read them: the key a configuration is stored under and its lookup
-in the results database (the search itself is harness.running.tuning, which imports the runner; the
+in the results database (the search itself is mlharness.running.tuning, which imports the runner; the
 runner imports only this)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
+from mlharness.errors import UserError
 
 TUNABLE_SCENARIOS = ("Offline", "SingleStream", "MultiStream", "Server")
 FRAMEWORK_PACKAGE = {"onnxruntime": "onnxruntime", "torch": "torch"}
@@ -30,7 +30,7 @@ def tuning_key(model: Any, system_name: str, backend: str, versions: dict[str, s
 
 def lookup(results_dir: Path, key: dict[str, str]) -> dict[str, Any] | None:
     """The tuned configuration for `key` in the results directory's database (read only), or None."""
-    from harness.store import result_store
+    from mlharness.store import result_store
 
     try:
         store = result_store.ResultStore.reading(result_store.default_db_path(results_dir))

@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from harness.errors import UserError
-from harness.records.run_record import new_run_id, utc_now
-from harness.running.request import RunRequest
-from harness.running.tuned import TUNABLE_SCENARIOS, tuning_key
+from mlharness.errors import UserError
+from mlharness.records.run_record import new_run_id, utc_now
+from mlharness.running.request import RunRequest
+from mlharness.running.tuned import TUNABLE_SCENARIOS, tuning_key
 
 MIN_GAIN = 0.02  # a candidate replaces the best only when better by more than this fraction
 PLATEAU = 2  # an ordered dimension stops after this many candidates in a row that are not better
@@ -118,7 +118,7 @@ def outward(values: list[Any], current: Any) -> list[list[Any]]:
 def starting_settings(model: Any, backend: str, scenario: str) -> dict[str, Any]:
     """What a run uses when nothing is set: the search starts here, and a candidate equal to it is not
     tried again under another spelling (threads 0 is the framework's default)."""
-    from harness.running.settings import HARNESS_DEFAULTS
+    from mlharness.running.settings import HARNESS_DEFAULTS
 
     start: dict[str, Any] = {"intra_op_threads": 0}
     if scenario in ("Offline", "Server"):
@@ -300,11 +300,11 @@ def parsimonious_choice(contenders: list[dict[str, Any]], scores: list[float | N
 
 def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2) -> dict[str, Any]:
     """Search, store the best configuration in the results database and return what was stored."""
-    from harness.running import system as system_mod
-    from harness.running.launcher import run_request
-    from harness.running.progress import Ticker, quiet_from_env
-    from harness.running.runner import resolve_manifests
-    from harness.store import result_store
+    from mlharness.running import system as system_mod
+    from mlharness.running.launcher import run_request
+    from mlharness.running.progress import Ticker, quiet_from_env
+    from mlharness.running.runner import resolve_manifests
+    from mlharness.store import result_store
 
     model, backend, _, hardware, _, _ = resolve_manifests(base)
     detected = system_mod.detect_system()
@@ -315,7 +315,7 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
     status = {"trials": 0, "running_since": None}
 
     def read() -> Any:
-        from harness.running.progress import Snapshot, clock
+        from mlharness.running.progress import Snapshot, clock
 
         since = status["running_since"]
         return Snapshot(status["trials"], None, None,

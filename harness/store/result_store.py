@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from harness.errors import UserError
-from harness.records.run_record import RunRecord, migrate_record
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord, migrate_record
 
 DB_FILENAME = "mlharness.sqlite"
 DB_ENV = "MLHARNESS_DB"
@@ -64,7 +64,7 @@ CREATE TABLE sweep_cells (
 """
 
 
-# Version 3: brick measurements (harness.bricks). One row per brick key, fingerprint (the system and
+# Version 3: brick measurements (mlharness.bricks). One row per brick key, fingerprint (the system and
 # runtime it was measured on) and variant (threads, optimization level, execution provider), so a later
 # model or invocation on the same fingerprint reuses it instead of measuring it again.
 _V3 = """
@@ -474,6 +474,6 @@ def store_record_file(store: ResultStore, path: Path) -> str:
 
 def load_record_file(path: Path) -> dict[str, Any]:
     """One run.json as a dict, checked and migrated to this mlharness's schema as RunRecord.load does."""
-    from harness.records.run_record import read_record_file
+    from mlharness.records.run_record import read_record_file
 
     return read_record_file(path)

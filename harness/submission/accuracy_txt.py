@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from harness.atomic_io import write_bytes, write_text
-from harness.errors import UserError
-from harness.submission.rules import HASH_LINE, MAX_ACCURACY_LOG_SIZE, VIEWABLE_SIZE
-from specs.artifacts import sha256_file
+from mlharness.atomic_io import write_bytes, write_text
+from mlharness.errors import UserError
+from mlharness.submission.rules import HASH_LINE, MAX_ACCURACY_LOG_SIZE, VIEWABLE_SIZE
+from mlharness.specs.artifacts import sha256_file
 
 
 def official_text(run_accuracy_txt: Path, full_log: Path) -> str:

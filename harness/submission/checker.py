@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.records.loadgen_logs import detail_problems, detail_values
-from harness.submission import accuracy_txt
-from harness.submission.layout import SubmitterTree, find_trees
-from harness.submission.rules import (
+from mlharness.records.loadgen_logs import detail_problems, detail_values
+from mlharness.submission import accuracy_txt
+from mlharness.submission.layout import SubmitterTree, find_trees
+from mlharness.submission.rules import (
     ACCURACY_FILES,
     ACCURACY_PATTERNS,
     BENCHMARKS,
@@ -38,7 +38,7 @@ from harness.submission.rules import (
     benchmark_for,
     required_scenarios,
 )
-from specs.artifacts import sha256_file
+from mlharness.specs.artifacts import sha256_file
 
 KINDS = ("tree", "system", "run", "scenarios", "accuracy", "dataset", "compliance")
 # Why a waived problem does not count, by kind.

@@ -1,7 +1,7 @@
 """Compliance tests TEST01 and TEST04 through LoadGen's audit.config mechanism.
 
 Each audit runs the same model, scenario and settings in performance mode with an audit.config
-we write from the documented keys, in a fresh process (harness.running.launcher). Its logs go to
+we write from the documented keys, in a fresh process (mlharness.running.launcher). Its logs go to
 <Scenario>/<TEST>/performance/run_1/ (TEST01 also keeps its sampled accuracy log in
 <TEST>/accuracy/), and verify_accuracy.txt / verify_performance.txt say TEST PASS or TEST FAIL with
 the numbers, judged as the official compliance scripts judge:
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import move_file, write_json, write_text
-from harness.errors import UserError
-from harness.records.loadgen_logs import detail_values
-from harness.records.run_record import read_record_file
-from harness.submission.rules import COMPLIANCE, ComplianceRule
+from mlharness.atomic_io import move_file, write_json, write_text
+from mlharness.errors import UserError
+from mlharness.records.loadgen_logs import detail_values
+from mlharness.records.run_record import read_record_file
+from mlharness.submission.rules import COMPLIANCE, ComplianceRule
 
 # The submission run's figure each scenario is judged by, as named in the detail log.
 SCORE_KEYS = {"Offline": "result_samples_per_second", "Server": "result_completed_samples_per_sec",
@@ -212,9 +212,9 @@ def run_audit(request: Any, test: str, run_dir: Path) -> dict[str, Any]:
 
 
 def _run_audit_test(request: Any, test: str) -> Any:
-    """The audit's LoadGen test in a fresh process (harness.running.launcher); its record stays out of the
+    """The audit's LoadGen test in a fresh process (mlharness.running.launcher); its record stays out of the
     results database (the audit outcome is recorded on the run it audits)."""
-    from harness.running.launcher import LocalLauncher, run_request
+    from mlharness.running.launcher import LocalLauncher, run_request
 
     try:
         return run_request(request, LocalLauncher(store=False))
@@ -249,7 +249,7 @@ def record_outcomes(run_dir: Path, outcomes: dict[str, Any],
     """Attach the outcomes to the performance run's record (default: the run.json in `run_dir` when it
     is a performance run): in that run's run.json and in the results database; then the scenario's
     view is rebuilt so it shows the audits of the run it shows."""
-    from harness.records.results import rebuild_view
+    from mlharness.records.results import rebuild_view
 
     run_json = run_dir / "run.json"
     current = read_record_file(run_json) if run_json.is_file() else None
@@ -262,7 +262,7 @@ def record_outcomes(run_dir: Path, outcomes: dict[str, Any],
         write_json(run_json, record)
     rebuild_view(_scenario_root(run_dir))
     try:
-        from harness.store import result_store
+        from mlharness.store import result_store
     except ImportError:
         return record
     db = result_store.default_db_path(_scenario_root(run_dir).parent.parent.parent)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import UserError
-from harness.submission.rules import DIVISIONS
+from mlharness.errors import UserError
+from mlharness.submission.rules import DIVISIONS
 
 NOT_FOR_SUBMISSION = "NOT_FOR_SUBMISSION.txt"
 PROVENANCE = "mlharness_runs.json"       # inside src/: which runs were packaged, and how they ran

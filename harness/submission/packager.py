@@ -4,7 +4,7 @@ The tree is built in a staging folder beside the output and moved into place whe
 an interrupted or refused packaging leaves nothing half written. Runs that LoadGen marked INVALID
 or that overrode protected settings (durations, seeds, sample counts) are refused unless
 allow_invalid, which marks the tree NOT_FOR_SUBMISSION. Records of another kind than a LoadGen
-test are left out by the collection (harness.submission.runs), their reasons kept in provenance.json."""
+test are left out by the collection (mlharness.submission.runs), their reasons kept in provenance.json."""
 from __future__ import annotations
 
 import hashlib
@@ -15,21 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import write_json, write_text
-from harness.errors import UserError
-from harness.records.loadgen_logs import parse_summary
-from harness.records.run_record import RunRecord
-from harness.running.settings import PROTECTED_KEYS, Settings
-from harness.submission import accuracy_txt, system_json
-from harness.submission.layout import SubmitterTree
-from harness.submission.rules import (
+from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import UserError
+from mlharness.records.loadgen_logs import parse_summary
+from mlharness.records.run_record import RunRecord
+from mlharness.running.settings import PROTECTED_KEYS, Settings
+from mlharness.submission import accuracy_txt, system_json
+from mlharness.submission.layout import SubmitterTree
+from mlharness.submission.rules import (
     ALIASES,
     BENCHMARKS,
     COMPLIANCE_FILES,
     DIVISIONS,
     PERFORMANCE_FILES,
 )
-from harness.submission.runs import ScenarioRuns, collect
+from mlharness.submission.runs import ScenarioRuns, collect
 
 PROVENANCE_SCHEMA_VERSION = 1
 # Where the code that runs lives: a checkout, or the site-packages folder mlharness is installed in.
@@ -77,7 +77,7 @@ def _benchmark_of(record: RunRecord | None) -> str | None:
     path = (record.model or {}).get("path") if record else None
     if not path or not Path(path).is_file():
         return None
-    from specs.manifests import load_manifest
+    from mlharness.specs.manifests import load_manifest
 
     name = load_manifest(Path(path), "model").mlperf_benchmark
     name = ALIASES.get(name, name) if name else None
@@ -267,7 +267,7 @@ def _copy_code(dest: Path, root: Path = CODE_ROOT) -> None:
         except PackageNotFoundError:
             installed = "mlharness (version unknown: no distribution metadata)"
         write_text(dest / INSTALLED_NOTE, f"{installed}, installed in {root}: its Python code and scenario presets "
-                                          f"as installed. The C extension sut._native ran as built; its C sources "
+                                          f"as installed. The C extension mlharness.sut._native ran as built; its C sources "
                                           f"are in the mlharness source tree, not in the installed package.\n")
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UserError
-from harness.records.loadgen_logs import parse_summary
-from harness.records.run_record import LOADGEN, RunRecord
+from mlharness.errors import UserError
+from mlharness.records.loadgen_logs import parse_summary
+from mlharness.records.run_record import LOADGEN, RunRecord
 
 STEPS_FILE = "submission_steps.json"
 PERF_MODES = ("performance", "submission")
@@ -46,7 +46,7 @@ def _read_json(path: Path) -> Any:
 def _store_records(results_dir: Path, system: str, model: str, scenario: str) -> list[RunRecord]:
     """Ok records from the results database; none when the database (or its module) is absent."""
     try:
-        from harness.store import result_store
+        from mlharness.store import result_store
     except ImportError:
         return []
     db = result_store.default_db_path(results_dir)

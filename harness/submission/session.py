@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_io import write_json
-from harness.errors import UserError
-from harness.running.progress import Steps
-from harness.running.settings import SCENARIOS
-from harness.submission.compliance import parse_tests, record_outcomes, run_audit
-from harness.submission.runs import STEPS_FILE
+from mlharness.atomic_io import write_json
+from mlharness.errors import UserError
+from mlharness.running.progress import Steps
+from mlharness.running.settings import SCENARIOS
+from mlharness.submission.compliance import parse_tests, record_outcomes, run_audit
+from mlharness.submission.runs import STEPS_FILE
 
 STATE_FILE = "submission_run.json"
 STATE_SCHEMA_VERSION = 1
@@ -55,7 +55,7 @@ def _fingerprint(options: SessionOptions) -> str:
 
 
 def _request(options: SessionOptions, scenario: str, command: str) -> Any:
-    from harness.running.runner import RunRequest
+    from mlharness.running.runner import RunRequest
 
     return RunRequest(model=options.model, scenario=scenario, mode="performance", dataset=options.dataset,
                       backend=options.backend, hardware=options.hardware, quick=options.quick,
@@ -123,10 +123,10 @@ def _save_record(scenario_dir: Path, mode: str, record: dict[str, Any]) -> None:
 
 
 def run_session(options: SessionOptions) -> int:
-    from harness.running import system as system_mod
-    from harness.running.runner import select_model
-    from harness.submission.rules import benchmark_for
-    from specs.index import default_index
+    from mlharness.running import system as system_mod
+    from mlharness.running.runner import select_model
+    from mlharness.submission.rules import benchmark_for
+    from mlharness.specs.index import default_index
 
     index = default_index()
     model = select_model(index, options.model, options.backend)
@@ -141,7 +141,7 @@ def run_session(options: SessionOptions) -> int:
     rerun: set[str] = set()  # scenarios where an earlier step ran again: later steps must follow
     failed_compliance = []
     session_started = time.monotonic()
-    # Each step's run draws its own plan and progress (harness.running.progress); the session adds its
+    # Each step's run draws its own plan and progress (mlharness.running.progress); the session adds its
     # lines: a step started (with its expected length) and how it ended.
     progress = Steps(len(steps), sys.stdout, quiet=True, numbered=False)
     for number, (scenario, step) in enumerate(steps, 1):
@@ -188,9 +188,9 @@ def run_session(options: SessionOptions) -> int:
 
 def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: Path) -> dict[str, Any]:
     if step in ("performance", "accuracy"):
-        from harness.commands.run import format_summary
-        from harness.running.launcher import run_request
-        from harness.running.runner import run_arguments
+        from mlharness.commands.run import format_summary
+        from mlharness.running.launcher import run_request
+        from mlharness.running.runner import run_arguments
 
         request = replace(_request(options, scenario, ""), mode=step)
         request = replace(request, command=shlex.join(["mlharness", *run_arguments(request, with_results_dir=True)]))

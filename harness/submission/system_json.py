@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.errors import UserError
-from harness.submission.rules import SYSTEM_FIELDS
+from mlharness.errors import UserError
+from mlharness.submission.rules import SYSTEM_FIELDS
 
 UNDETECTED = "undetected"
 

@@ -1,15 +1,15 @@
-"""A sweep grid's schema (pydantic, as the manifests' are in specs.schema): which fields a grid file
-may have and what each holds. harness.sweeps.sweep_grid validates a file with it (every problem at
+"""A sweep grid's schema (pydantic, as the manifests' are in mlharness.specs.schema): which fields a grid file
+may have and what each holds. mlharness.sweeps.sweep_grid validates a file with it (every problem at
 once, one line each) and then checks what needs the specs index or the file system (that a named
 manifest exists, that user_conf is a file) before expanding the grid into cells."""
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
-from harness.running.settings import MODES, SCENARIOS
-from harness.running.settings_schema import SCALAR_SCHEMA, SETTING_KEYS, FlatOrScopedSettings, Scalar, SettingName
-from specs.schema import Doc
-from specs.validation import Expect, refuse
+from mlharness.running.settings import MODES, SCENARIOS
+from mlharness.running.settings_schema import SCALAR_SCHEMA, SETTING_KEYS, FlatOrScopedSettings, Scalar, SettingName
+from mlharness.specs.schema import Doc
+from mlharness.specs.validation import Expect, refuse
 
 GRID_SCHEMA_VERSION = 1
 NULL_HINT = " (quote \"null\": YAML reads a bare null as nothing)"

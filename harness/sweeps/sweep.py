@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from harness.errors import RunInterrupted, UserError
-from harness.records import record_metrics
-from harness.records.run_record import utc_now
-from harness.store.result_store import ResultStore
-from harness.sweeps.sweep_grid import Cell, Grid, load_grid
-from harness.tables import format_table
+from mlharness.errors import RunInterrupted, UserError
+from mlharness.records import record_metrics
+from mlharness.records.run_record import utc_now
+from mlharness.store.result_store import ResultStore
+from mlharness.sweeps.sweep_grid import Cell, Grid, load_grid
+from mlharness.tables import format_table
 
 STDERR_KEPT_CHARS = 8000  # the tail of a failed cell's stderr kept in the database
 
@@ -77,7 +77,7 @@ def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
 def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
     """Submit the cell's RunRequest to the launcher (a fresh process with the sweep's timeout and
     results dir; the record goes to the sweep's database from here); returns {status, run_id, error, stderr}."""
-    from harness.running.launcher import LocalLauncher
+    from mlharness.running.launcher import LocalLauncher
 
     # The cell's own plan and progress lines would only fill the log kept for a failed cell.
     request = replace(cell.request_for(results_dir.resolve(), timeout_s), quiet=True)
@@ -89,7 +89,7 @@ def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: fl
 
 
 def cell_result(outcome: Any, stderr: str) -> dict[str, Any]:
-    """A launcher's Outcome (harness.running.launcher, local or from a cluster node) and the run's
+    """A launcher's Outcome (mlharness.running.launcher, local or from a cluster node) and the run's
     output as the sweep records it: {status, run_id, error, stderr[, exit_status]}."""
     record = outcome.record
     if outcome.kind == "result" and record is not None:
@@ -105,7 +105,7 @@ def cell_result(outcome: Any, stderr: str) -> dict[str, Any]:
 def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None,
               cells_runner: Callable[..., SweepResult] | None = None) -> SweepResult:
     """Run every cell x repeat not already finished in this sweep id; returns what ran. `cells_runner`
-    runs the cells to do instead of this machine (harness.cluster.scheduler.run_cells: a Ray cluster);
+    runs the cells to do instead of this machine (mlharness.cluster.scheduler.run_cells: a Ray cluster);
     it is called as cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)."""
     stream = stream or sys.stderr
     grid = load_grid(grid_path)
@@ -135,7 +135,7 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
           f"{len(todo)} to run (timeout {timeout_s:g} s each)", file=stream)
     if cells_runner is not None:
         return cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)
-    from harness.running.progress import Steps
+    from mlharness.running.progress import Steps
 
     with Steps(len(todo), stream, quiet=options.quiet, unit="cells") as progress:
         return _run_cells(todo, repeat, sweep_id, plan, options, timeout_s, progress)

@@ -1,4 +1,4 @@
-"""A sweep grid (YAML): its validation (its schema is harness.sweeps.grid_schema) and its expansion
+"""A sweep grid (YAML): its validation (its schema is mlharness.sweeps.grid_schema) and its expansion
 into cells.
 
 A cell is one run configuration, a RunRequest: model x backend x dataset x hardware x software x
@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.errors import UserError
-from harness.running.request import RunRequest
-from harness.running.settings import SCENARIOS
-from harness.sweeps.grid_schema import GridDoc
-from specs.validation import ManifestError, load_yaml, problems_from
+from mlharness.errors import UserError
+from mlharness.running.request import RunRequest
+from mlharness.running.settings import SCENARIOS
+from mlharness.sweeps.grid_schema import GridDoc
+from mlharness.specs.validation import ManifestError, load_yaml, problems_from
 
 # Axis names usable in `exclude` entries besides setting keys.
 CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario")
@@ -106,7 +106,7 @@ class Grid:
     repeat: int
     timeout_s: float
     document: dict[str, Any] = field(default_factory=dict)
-    cells_per_node: int = 1  # `cluster: {cells_per_node: N}`: cells a cluster node runs at once (harness.cluster)
+    cells_per_node: int = 1  # `cluster: {cells_per_node: N}`: cells a cluster node runs at once (mlharness.cluster)
 
 
 def _text(value: Any) -> str:
@@ -135,7 +135,7 @@ def _manifest_axis(values: list[str] | None, where: str, kind: str, default: str
     """A datasets, hardware or software axis: manifest names or paths, or 'default' (the model's
     dataset, the software named after the backend; for hardware, cpu). Every one must exist, so a
     typo is an error before the first cell runs rather than a failed cell per combination."""
-    from specs.index import default_index
+    from mlharness.specs.index import default_index
 
     if values is None:
         return [default]

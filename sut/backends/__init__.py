@@ -6,21 +6,21 @@ from __future__ import annotations
 import importlib
 from typing import Any, Union
 
-from harness.errors import UserError, require
-from specs import manifests
-from sut.backends.base import Backend
+from mlharness.errors import UserError, require
+from mlharness.specs import manifests
+from mlharness.sut.backends.base import Backend
 
 ENTRY_POINT_GROUP = "mlharness.backends"
 Target = Union[str, "type[Backend]"]  # "module:Class" (imported when created) or the class
 
 # name -> target; the order is the preference when a model has manifests for several.
 _REGISTRY: dict[str, Target] = {
-    "onnxruntime": "sut.backends.onnxruntime_backend:OnnxRuntimeBackend",
-    "torch": "sut.backends.torch_backend:TorchBackend",
-    "null": "sut.backends.null_backend:NullBackend",
-    # A generative model (a causal LM, manifests with `generation:`): runs through sut.llm, token by token.
-    "transformers": "sut.backends.llm_transformers:TransformersLLMBackend",
-    "llama_cpp": "sut.backends.llm_llamacpp:LlamaCppLLMBackend",  # the same GGUF file run by llama.cpp
+    "onnxruntime": "mlharness.sut.backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "torch": "mlharness.sut.backends.torch_backend:TorchBackend",
+    "null": "mlharness.sut.backends.null_backend:NullBackend",
+    # A generative model (a causal LM, manifests with `generation:`): runs through mlharness.sut.llm, token by token.
+    "transformers": "mlharness.sut.backends.llm_transformers:TransformersLLMBackend",
+    "llama_cpp": "mlharness.sut.backends.llm_llamacpp:LlamaCppLLMBackend",  # the same GGUF file run by llama.cpp
 }
 # name -> the mlharness extra (pyproject.toml) that installs the backend's framework.
 _EXTRAS: dict[str, str] = {"onnxruntime": "onnxruntime", "torch": "torch", "transformers": "llm", "llama_cpp": "llm"}

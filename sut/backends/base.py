@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from specs.manifests import HardwareManifest, ModelManifest
+from mlharness.specs.manifests import HardwareManifest, ModelManifest
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import UserError
-from sut.backends.base import Backend
-from sut.backends.llm_transformers import chat_turns, gguf_weights, stop_token_ids
+from mlharness.errors import UserError
+from mlharness.sut.backends.base import Backend
+from mlharness.sut.backends.llm_transformers import chat_turns, gguf_weights, stop_token_ids
 
 SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
 
@@ -109,7 +109,7 @@ class LlamaCppLLMBackend(Backend):
         return out[:count]
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise UserError("the llama_cpp backend generates tokens (sut.llm); it has no one-shot predict")
+        raise UserError("the llama_cpp backend generates tokens (mlharness.sut.llm); it has no one-shot predict")
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

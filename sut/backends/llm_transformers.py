@@ -11,8 +11,8 @@ Two ways to generate:
   batching (`init_continuous_batching`, a ContinuousBatchingManager): sequences submitted to it share
   every forward step (ragged, no padding: each step packs the new prompts' tokens and one token of every
   decoding sequence), the KV cache is paged and a finished sequence's pages are freed at once. The SUT
-  (sut.llm.token_sut) decides when a sequence is submitted (continuous or static batching).
-`predict` is not the way in: generative models run through sut.llm, never through the tensor SUT."""
+  (mlharness.sut.llm.token_sut) decides when a sequence is submitted (continuous or static batching).
+`predict` is not the way in: generative models run through mlharness.sut.llm, never through the tensor SUT."""
 from __future__ import annotations
 
 import itertools
@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.errors import UserError
-from sut.backends.base import Backend
+from mlharness.errors import UserError
+from mlharness.sut.backends.base import Backend
 
 GGUF_MAGIC = b"GGUF"
 
@@ -182,7 +182,7 @@ class TransformersLLMBackend(Backend):
         return TransformersBatchSession(self, max_sequences, max_sequence_tokens)
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise UserError("the transformers backend generates tokens (sut.llm); it has no one-shot predict")
+        raise UserError("the transformers backend generates tokens (mlharness.sut.llm); it has no one-shot predict")
 
     def close(self) -> None:
         self.lm = None

@@ -13,8 +13,8 @@ import threading
 
 import numpy as np
 
-from harness.errors import UserError
-from sut.backends.base import Backend
+from mlharness.errors import UserError
+from mlharness.sut.backends.base import Backend
 
 
 class NullBackend(Backend):

@@ -2,8 +2,8 @@
 with TensorRT ahead of it when the manifest's `tensorrt` section enables it. A provider this build
 lacks, or one that cannot start, is an error naming the hardware manifest, never a silent CPU run.
 
-On a cuda device the session runs through IOBinding (sut.device_iobinding): samples staged in device
-memory (sut.device_staging over pycuda), outputs into preallocated device buffers copied once per
+On a cuda device the session runs through IOBinding (mlharness.sut.device_iobinding): samples staged in device
+memory (mlharness.sut.device_staging over pycuda), outputs into preallocated device buffers copied once per
 batch into page-locked host buffers. The CPU path is the plain `session.run` below, unchanged."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import UserError
-from specs.artifacts import cache_dir
-from specs.manifests import HardwareManifest
-from sut.backends.base import Backend, FrameworkProfile, OpEvent
-from sut.device_timing import DeviceTimed
-from sut.graph_transforms import apply_transforms
+from mlharness.errors import UserError
+from mlharness.specs.artifacts import cache_dir
+from mlharness.specs.manifests import HardwareManifest
+from mlharness.sut.backends.base import Backend, FrameworkProfile, OpEvent
+from mlharness.sut.device_timing import DeviceTimed
+from mlharness.sut.graph_transforms import apply_transforms
 
 _NUMPY_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
                  "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
@@ -34,7 +34,7 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
     devices = ("cpu", "cuda")
     framework = "onnxruntime"
     uses_tensorrt = True
-    _device_memory: Any = None  # sut.device_memory.PycudaMemory on a cuda device, once loaded
+    _device_memory: Any = None  # mlharness.sut.device_memory.PycudaMemory on a cuda device, once loaded
 
     @classmethod
     def device_problem(cls, hardware: HardwareManifest) -> str | None:
@@ -44,7 +44,7 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
             return problem
         import onnxruntime as ort
 
-        from sut.device_memory import pycuda_problem
+        from mlharness.sut.device_memory import pycuda_problem
 
         return provider_problem(hardware, ort.get_available_providers(), ort.__version__) or pycuda_problem()
 
@@ -83,10 +83,10 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
 
     def _load_device_path(self, memory: Any = None) -> None:
         """IOBinding per worker over pycuda memory (or the DeviceMemory given: the tests pass
-        sut.device_memory.HostMemory where no GPU exists); predict becomes the bound one, the CPU path
+        mlharness.sut.device_memory.HostMemory where no GPU exists); predict becomes the bound one, the CPU path
         stays the plain method, untouched."""
-        from sut.device_memory import PycudaMemory
-        from sut.device_timing import DeviceTimings
+        from mlharness.sut.device_memory import PycudaMemory
+        from mlharness.sut.device_timing import DeviceTimings
 
         self._device_memory = memory or PycudaMemory(int(self.hardware.device.partition(":")[2]))
         self._device_timings = DeviceTimings()
@@ -94,16 +94,16 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
         self.predict = self._predict_bound  # type: ignore[method-assign]
 
     def _bind_session(self) -> None:
-        from sut.device_iobinding import BoundSessions, output_layout
+        from mlharness.sut.device_iobinding import BoundSessions, output_layout
 
         self._bound = BoundSessions(self.session, self._device_memory, output_layout(self.model.outputs),
                                     self.max_batch_size)
 
     def device_staging(self) -> Any:
-        """Device-resident samples (sut.device_staging) on a cuda device; None on the CPU."""
+        """Device-resident samples (mlharness.sut.device_staging) on a cuda device; None on the CPU."""
         if self._device_memory is None:
             return None
-        from sut.device_staging import BufferStaging
+        from mlharness.sut.device_staging import BufferStaging
 
         return BufferStaging(self._device_memory, self.max_batch_size)
 

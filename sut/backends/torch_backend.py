@@ -1,7 +1,7 @@
 """PyTorch: an nn.Module from a factory named in the manifest plus a state dict, or TorchScript.
 Arrays cross to and from torch without copies (torch.from_numpy / Tensor.numpy on CPU).
 
-On a cuda device (sut.device_torch): samples staged as device tensors, one stream per thread,
+On a cuda device (mlharness.sut.device_torch): samples staged as device tensors, one stream per thread,
 inputs from the warm-up through pinned memory, outputs copied once per batch into pinned host
 tensors, torch.inference_mode, and CUDA graphs for batch sizes 1 and max_batch_size when the harness
 key `cuda_graphs` is on. The CPU predict below is unchanged."""
@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import UserError
-from specs.manifests import HardwareManifest
-from sut.backends.base import Backend, FrameworkProfile, OpEvent
-from sut.device_timing import DeviceTimed
-from sut.processing import ProcessingContext, compile_function
+from mlharness.errors import UserError
+from mlharness.specs.manifests import HardwareManifest
+from mlharness.sut.backends.base import Backend, FrameworkProfile, OpEvent
+from mlharness.sut.device_timing import DeviceTimed
+from mlharness.sut.processing import ProcessingContext, compile_function
 
 _THREADS_LOCK = threading.Lock()
 
@@ -45,8 +45,8 @@ class TorchBackend(DeviceTimed, Backend):
             return f"device: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1}), got {hardware.device}"
         return None
 
-    _on: Any = None  # sut.device_torch.TorchDevice on a cuda device, once loaded
-    _graphs: Any = None  # sut.device_torch.CudaGraphs when cuda_graphs is on
+    _on: Any = None  # mlharness.sut.device_torch.TorchDevice on a cuda device, once loaded
+    _graphs: Any = None  # mlharness.sut.device_torch.CudaGraphs when cuda_graphs is on
 
     @property
     def max_batch_size(self) -> int:
@@ -60,7 +60,7 @@ class TorchBackend(DeviceTimed, Backend):
         import torch
 
         if self.cuda_graphs:
-            from sut.device_torch import cuda_graph_problem
+            from mlharness.sut.device_torch import cuda_graph_problem
 
             problem = cuda_graph_problem(self.hardware.device, self.model.inputs)
             if problem:
@@ -99,8 +99,8 @@ class TorchBackend(DeviceTimed, Backend):
             self._load_device_path()
 
     def _load_device_path(self) -> None:
-        from sut.device_timing import DeviceTimings
-        from sut.device_torch import CudaGraphs, TorchDevice, graph_batch_sizes
+        from mlharness.sut.device_timing import DeviceTimings
+        from mlharness.sut.device_torch import CudaGraphs, TorchDevice, graph_batch_sizes
 
         self._on = TorchDevice(self._torch, self.device)
         self._device_timings = DeviceTimings()
@@ -110,10 +110,10 @@ class TorchBackend(DeviceTimed, Backend):
         self.predict = self._predict_device  # type: ignore[method-assign]
 
     def device_staging(self) -> Any:
-        """Device-resident samples (sut.device_staging) on a cuda device; None on the CPU."""
+        """Device-resident samples (mlharness.sut.device_staging) on a cuda device; None on the CPU."""
         if self._on is None:
             return None
-        from sut.device_torch import TorchStaging
+        from mlharness.sut.device_torch import TorchStaging
 
         return TorchStaging(self._on, self.max_batch_size)
 

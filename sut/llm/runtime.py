@@ -1,6 +1,6 @@
 """The runtime of a generative model: its engine loaded, the dataset's prompts tokenized (once, before
 LoadGen starts, so a prompt too long for the context window is refused before any test), and the
-warm-up. It has the shape of sut.runtime.Runtime where the runner reads one (model, dataset, backend,
+warm-up. It has the shape of mlharness.sut.runtime.Runtime where the runner reads one (model, dataset, backend,
 staged, ctx, artifacts, cold_start, labels), with `generative = True`."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.errors import UserError
-from specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
-from sut import backends
-from sut.processing import ProcessingContext
-from sut.runtime import _timed, describe_sources, enumerate_samples, resolve_sources
-from sut.warmup import timed_warm_up
+from mlharness.errors import UserError
+from mlharness.specs.manifests import DatasetManifest, HardwareManifest, ModelManifest
+from mlharness.sut import backends
+from mlharness.sut.processing import ProcessingContext
+from mlharness.sut.runtime import _timed, describe_sources, enumerate_samples, resolve_sources
+from mlharness.sut.warmup import timed_warm_up
 
 
 class PromptSet:

@@ -9,7 +9,7 @@ Scheduling (`batching`):
 - `sequential`: one worker thread, one sequence at a time through the engine's `generate` (its plain
   loop); queries wait in arrival order. SingleStream and MultiStream always run so, and so does an engine
   without `open_batch`. With `serve_on_caller` the worker is the caller's own thread (`serve_here`, while
-  LoadGen's test runs on another; harness.running.runner does so): torch's OpenMP runtime (libgomp) makes
+  LoadGen's test runs on another; mlharness.running.runner does so): torch's OpenMP runtime (libgomp) makes
   every parallel region several times slower on a thread other than the one that loaded the model once
   the two threads' pools hold more threads than there are CPUs (measured on 2 CPUs: a decode-step gemv
   32 -> 120 us, SingleStream TPOT 31 -> 51 ms).
@@ -24,7 +24,7 @@ Scheduling (`batching`):
 Every token's time is kept per sample (from issue_query to each token, `time.perf_counter_ns`), for the
 figures LoadGen does not report (inter-token latency, goodput: `token_figures`) and the profile, which
 reads these stamps, the scheduler's waits and the batch engine's steps after the test
-(profiling.token_timeline): nothing is added to the token path when profiling.
+(mlharness.profiling.token_timeline): nothing is added to the token path when profiling.
 
 A failure is handled as the tensor SUT does: recorded once, and that sample and every later one
 completed empty so LoadGen ends promptly."""
@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sut.system_under_test import FirstFailure
+from mlharness.sut.system_under_test import FirstFailure
 
 BATCHING = ("continuous", "static", "sequential")
 BATCHED_SCENARIOS = ("Offline", "Server")
@@ -300,8 +300,8 @@ class TokenStreamingSUT(FirstFailure):
 
     # figures ----------------------------------------------------------------------------------------
     def token_figures(self, ttft_limit_ms: float | None = None, tpot_limit_ms: float | None = None) -> dict[str, Any]:
-        """What LoadGen's token mode does not report, from this SUT's clocks (harness.records.token_metrics)."""
-        from harness.records.token_metrics import measured_steps, sut_stage_figures, sut_token_figures
+        """What LoadGen's token mode does not report, from this SUT's clocks (mlharness.records.token_metrics)."""
+        from mlharness.records.token_metrics import measured_steps, sut_stage_figures, sut_token_figures
 
         steps = measured_steps(self.engine_steps, min((c.issued for c in self.times), default=0))
         figures = {**sut_token_figures([(c.issued, c.tokens) for c in self.times], ttft_limit_ms, tpot_limit_ms),
