@@ -18,8 +18,14 @@ def loadgen_handles(sut: Any, total: int, performance_count: int,
     try:
         queue = getattr(sut, "issue_queue", None)
         # The native issue path: LoadGen's C SUT fills the queue without the GIL (native/issue_queue.c).
-        lg_sut = queue.construct_sut("mlharness") if queue is not None else \
-            lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
+        # A network SUT is LoadGen's query dispatch library (its name is a round trip to the server).
+        qdl = hasattr(sut, "name") and queue is None
+        if queue is not None:
+            lg_sut = queue.construct_sut("mlharness")
+        elif qdl:
+            lg_sut = lg.ConstructQDL(sut.issue_query, sut.flush_queries, sut.name)
+        else:
+            lg_sut = lg.ConstructFastSUT(sut.issue_query, sut.flush_queries)
         try:
             qsl = lg.ConstructQSL(total, performance_count, load, unload)
             try:
@@ -30,6 +36,8 @@ def loadgen_handles(sut: Any, total: int, performance_count: int,
         finally:
             if queue is not None:
                 queue.destroy_sut(lg_sut)
+            elif qdl:
+                lg.DestroyQDL(lg_sut)
             else:
                 lg.DestroyFastSUT(lg_sut)
     finally:

@@ -59,12 +59,13 @@ def format_summary(record) -> str:
             lines.append(f"  {metric['label']} : {metric['value']}")
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
             if key in perf:
-                lines.append(f"  {key} : {perf[key]}")
+                lines.append(f"  {key.split('_')[0]} latency : {_latency_text(perf[key])}")
         from mlharness.records.token_metrics import summary_lines as token_lines
 
         lines.extend(token_lines(perf))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
     lines.extend(_cold_start_lines(record.cold_start or {}))
     for mode, logged in record.loadgen.items():
+        lines.extend(_network_lines(mode, (logged.get("sut") or {}).get("network")))
         for error in logged.get("errors", [])[:3]:
             lines.append(f"  LoadGen error ({mode}) : {error[:160]}")
     if record.accuracy:
@@ -77,6 +78,26 @@ def format_summary(record) -> str:
             lines.append(f"  reference : {acc['verdict']}")
     lines.append(f"  results : {record.results_path}")
     return "\n".join(lines)
+
+
+def _latency_text(nanoseconds: float) -> str:
+    """A latency with its unit: ms from 1 ms up, else us."""
+    value = float(nanoseconds)
+    return f"{value / 1e6:.3f} ms" if value >= 1e6 else f"{value / 1e3:.1f} us"
+
+
+def _network_lines(mode: str, network: dict | None) -> list[str]:
+    """A run against a server: the client's issue lag, and a loud line when the client fell behind
+    (its own delay, not the server's, would then be in the latencies)."""
+    if not network:
+        return []
+    lag, own = network.get("issue_lag_ms") or {}, network.get("client_lag_ms") or {}
+    lines = [f"  issue lag ({mode}) : p50 {lag.get('p50', 0):.3f} ms, p99 {lag.get('p99', 0):.3f} ms "
+             f"(client's own p99 {own.get('p99', 0):.3f} ms)"]
+    if network.get("client_fell_behind"):
+        lines.append(f"  WARNING ({mode}) : the client fell behind: its own issue lag p99 {own.get('p99', 0):.3f} ms "
+                     f"> issue_lag_limit_ms {network.get('issue_lag_limit_ms')}; latencies include the client's delay")
+    return lines
 
 
 def _cold_start_lines(cold: dict) -> list[str]:

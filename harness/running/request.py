@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from mlharness.errors import UserError
 from mlharness.running.settings import MODES, SCENARIOS
+from mlharness.specs.endpoint import parse_endpoint
 
 DEFAULT_RESULTS_DIR = Path("results")
 # A whole run (all its LoadGen tests) longer than this is stopped and recorded as failed. Full-length
@@ -59,6 +60,9 @@ class RunRequest:
     brick_time_cap: float = 2.0
     quiet: bool = False  # no progress display (mlharness.running.progress)
     use_tuned: bool = True  # start from the configuration `mlharness tune` stored for this model and system
+    # A server that runs the model (grpc://HOST:PORT, http://HOST:PORT): the LoadGen test runs here and
+    # forwards each sample to it (mlharness.sut.network); None runs the model in the run's own process.
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
@@ -74,6 +78,8 @@ class RunRequest:
                 object.__setattr__(self, "user_conf_text", self.user_conf.read_text())
             except OSError as exc:
                 raise UserError(f"{self.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
+        if self.endpoint is not None:
+            object.__setattr__(self, "endpoint", parse_endpoint(self.endpoint).url)
         if self.kind not in RUN_KINDS:
             raise UserError(f"run kind: expected one of {', '.join(RUN_KINDS)}, got {self.kind!r}")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
@@ -129,6 +135,9 @@ REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--software": ("software", {"help": "software manifest (default: the one named after the backend)"}),
     "--hardware": ("hardware", {"default": "cpu", "help": "hardware manifest (default: cpu)"}),
     "--reference": ("reference", {"help": "reference log to compare with (default: found by model/dataset/backend)"}),
+    "--endpoint": ("endpoint", {"metavar": "URL", "help": "benchmark the model served at URL (grpc://HOST:PORT or "
+                                                      "http://HOST:PORT, the Open Inference Protocol) instead of "
+                                                      "running it here (docs/network.md)"}),
     "--quick": ("quick", {"action": "store_true", "help": "short smoke-run preset (scenarios/quick.yaml)"}),
     "--preset": ("presets", {"action": "append", "help": "extra scenario preset from scenarios/ (repeatable)"}),
     "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),

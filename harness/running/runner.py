@@ -124,7 +124,11 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     settings = prepare_settings(request, model)
     check_device(backend_name, hardware)
     check_cuda_graphs(settings, backend_name, hardware, model)
-    installed = system_mod.check_software(software)
+    if request.endpoint and model.generation is not None:
+        raise UserError(f"--endpoint: {model.path}: a generative model; runs against a server take tensor models "
+                        "(the Open Inference Protocol)")
+    # Against a server the framework runs there: nothing of it needs to be installed here.
+    installed = system_mod.check_software(software) if not request.endpoint else {}
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
     detected = system_mod.detect_system()
@@ -150,7 +154,13 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         options = _harness_options(settings, model)
         if model.generation is not None:  # a generative model: mlharness.sut.llm (issue 19)
             from mlharness.sut.llm.runtime import build_llm_runtime as build_runtime  # noqa: F811
-        runtime = build_runtime(model, dataset, hardware, backend_name, options)
+        if request.endpoint:  # the model runs on a server (mlharness.sut.network)
+            from mlharness.specs.endpoint import parse_endpoint
+            from mlharness.sut.network.runtime import build_endpoint_runtime
+
+            runtime = build_endpoint_runtime(model, dataset, parse_endpoint(request.endpoint), options)
+        else:
+            runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
         record.artifacts = runtime.artifacts
         record.cold_start = dict(runtime.cold_start)
@@ -161,7 +171,12 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
-        if getattr(runtime, "generative", False):
+        if getattr(runtime, "network", False):
+            from mlharness.sut.network.runtime import warm_up_endpoint
+
+            record.cold_start.update(warm_up_endpoint(runtime, int(options["warmup_queries"]),
+                                                      float(options["warmup_seconds"])))
+        elif getattr(runtime, "generative", False):
             from mlharness.sut.llm.runtime import first_generation_and_warm_up
 
             record.cold_start.update(first_generation_and_warm_up(
@@ -325,7 +340,8 @@ def run_arguments(request: RunRequest, with_results_dir: bool = False) -> list[s
     """The `mlharness` arguments that repeat this request (README.md and re-runs use them)."""
     parts = ["run", request.model, "--scenario", request.scenario, "--mode", request.mode]
     for flag, value in (("--dataset", request.dataset), ("--backend", request.backend),
-                        ("--software", request.software), ("--user-conf", request.user_conf)):
+                        ("--software", request.software), ("--user-conf", request.user_conf),
+                        ("--endpoint", request.endpoint)):
         if value:
             parts += [flag, str(value)]
     if request.hardware != "cpu":
@@ -501,7 +517,16 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     wait = batch_wait_bound(settings, options, service_ms) if not generative else {"batch_wait_ms": 0.0}
     if facts is not None:
         facts.update(issue_path=issue_path, **wait)
-    if generative:  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
+    if getattr(runtime, "network", False):  # the query dispatch library of a run against a server
+        from mlharness.sut.network.network_sut import NetworkSUT
+
+        sut = NetworkSUT(connection=runtime.backend, samples=runtime.staged, input_name=runtime.input_name,
+                         result_spec=runtime.model.result or runtime.model.outputs[0],
+                         issue_lag_limit_ms=float(options["issue_lag_limit_ms"]), scenario=settings.scenario)
+        if facts is not None:
+            facts.clear()
+            facts.update(sut.describe())
+    elif generative:  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
         from mlharness.sut.llm.token_sut import TokenStreamingSUT
 
         sut = TokenStreamingSUT(backend=runtime.backend, prompts=runtime.staged, scenario=settings.scenario,
@@ -578,4 +603,10 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     if facts is not None and hasattr(sut, "token_figures"):  # inter-token latency, goodput (issue 19)
         facts["token_figures"] = sut.token_figures(settings.loadgen.get("ttft_latency"),
                                                    settings.loadgen.get("tpot_latency"))
+    if hasattr(sut, "figures"):  # a run against a server: issue lag, the server's timings, failures
+        if facts is not None:
+            facts["network"] = sut.figures()
+        if sut.failure is not None and not isinstance(sut.failure, UserError):
+            return sut.failure, elapsed  # a bug: raised with its traceback
+        return (UserError(sut.failure_text()) if sut.failure is not None else None), elapsed
     return sut.failure, elapsed

@@ -24,4 +24,7 @@ HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inte
                           "load_timeout", "graph_optimization", "execution_mode", "batch_wait_ms",
                           "postprocess_group_rows",
                           "cuda_graphs",  # cuda_graphs: the torch backend on a GPU (docs/gpu.md)
-                          "llm_batching"})  # llm_batching: a generative model's scheduling (docs/llm.md)
+                          "llm_batching",  # llm_batching: a generative model's scheduling (docs/llm.md)
+                          # a run against a server (--endpoint, docs/network.md)
+                          "endpoint_model", "endpoint_concurrency", "endpoint_timeout", "endpoint_connect_timeout",
+                          "endpoint_binary", "issue_lag_limit_ms"})

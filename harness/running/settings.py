@@ -24,8 +24,15 @@ CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extend
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
                                     "batch_wait_ms": 0.0, "llm_batching": "continuous",
                                     # Offline: rows whose outputs are postprocessed together (mlharness.sut.output_groups)
-                                    "postprocess_group_rows": 64}
-_FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms"})
+                                    "postprocess_group_rows": 64,
+                                    # a run against a server (mlharness.sut.network, docs/network.md)
+                                    "endpoint_concurrency": 64, "endpoint_timeout": 30.0,
+                                    "endpoint_connect_timeout": 10.0, "endpoint_binary": True,
+                                    "issue_lag_limit_ms": 2.0}
+_FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms", "endpoint_timeout",
+                         "endpoint_connect_timeout", "issue_lag_limit_ms"})
+_BOOLEAN_KEYS = frozenset({"enable_trace", "cuda_graphs", "endpoint_binary"})
+_TEXT_KEYS = frozenset({"endpoint_model"})  # a name the server knows the model by
 _ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
                            "batch_wait_ms", "postprocess_group_rows"})
 # What a submission must not override (checked by the packager and recorded here).
@@ -84,8 +91,16 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
         if text not in CHOICE_KEYS[key]:
             raise UserError(f"{where}: {key}: expected one of {', '.join(CHOICE_KEYS[key])}, got {value!r}")
         return text
-    if key in ("enable_trace", "cuda_graphs"):
-        return str(value).lower() in ("1", "true", "yes", "on")
+    if key in _BOOLEAN_KEYS:
+        text = str(value).strip().lower()
+        if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise UserError(f"{where}: {key}: expected true or false, got {value!r}")
+        return text in ("1", "true", "yes", "on")
+    if key in _TEXT_KEYS:
+        text = str(value).strip()
+        if not text or "/" in text:
+            raise UserError(f"{where}: {key}: expected a model name without '/', got {value!r}")
+        return text
     kind = "a number of seconds" if key in _FLOAT_KEYS else "an integer"
     try:
         number = float(value) if key in _FLOAT_KEYS else int(value)

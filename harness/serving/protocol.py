@@ -1,0 +1,85 @@
+"""The Open Inference Protocol's requests and answers as `mlharness serve` reads and writes them,
+apart from the transport: the model's metadata, a request's one input checked against it and cut into
+samples, and the answer's tensors. Problems raise ProtocolError with the status to answer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlharness.sut.network.tensors import element_type_datatype
+from mlharness.sut.served_model import ServedModel
+
+PROTOCOL_VERSION = "2"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class ProtocolError(Exception):
+    """A request the protocol refuses: `status` is the HTTP status (the gRPC code is derived)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    datatype: str
+    shape: list[int]  # -1 for a dimension of any size
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def _dims(shape: Any) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def input_meta(served: ServedModel, raw_sample: np.ndarray | None) -> TensorMeta:
+    """The one input a client sends: the raw sample as the dataset loads it (the server preprocesses),
+    named after the model's first input; without a preprocess, the model's declared input itself.
+    `raw_sample` is one sample of the model's dataset, where the server could load one."""
+    spec = served.model.inputs[0]
+    if served.preprocess is None:
+        return TensorMeta(spec.name, element_type_datatype(spec.element_type), _dims(spec.shape))
+    if raw_sample is not None:
+        sample = np.asarray(raw_sample)
+        return TensorMeta(spec.name, element_type_datatype(str(sample.dtype)), [-1] * (sample.ndim + 1))
+    return TensorMeta(spec.name, element_type_datatype(spec.element_type), [-1])
+
+
+def output_meta(served: ServedModel) -> TensorMeta:
+    spec = served.result_spec
+    return TensorMeta(spec.name, element_type_datatype(spec.element_type), _dims(["batch", *spec.sample_shape()]))
+
+
+def model_metadata(served: ServedModel, name: str, raw_sample: np.ndarray | None) -> dict[str, Any]:
+    return {"name": name, "versions": [served.model.version], "platform": served.backend_name,
+            "inputs": [input_meta(served, raw_sample).as_dict()], "outputs": [output_meta(served).as_dict()]}
+
+
+def samples_of(tensors: dict[str, np.ndarray], expected: TensorMeta) -> list[np.ndarray]:
+    """The request's input checked against the metadata and cut into samples (its leading dim)."""
+    if list(tensors) != [expected.name]:
+        raise ProtocolError(400, f"expected one input named {expected.name!r}, got {sorted(tensors)}")
+    array = tensors[expected.name]
+    from mlharness.sut.network.tensors import datatype_of
+
+    got = datatype_of(array)
+    if got != expected.datatype:
+        raise ProtocolError(400, f"input {expected.name!r}: expected datatype {expected.datatype}, got {got}")
+    if len(expected.shape) > 1 and array.ndim != len(expected.shape) or array.ndim == 0:
+        raise ProtocolError(400, f"input {expected.name!r}: expected shape {expected.shape}, got {list(array.shape)}")
+    if any(want not in (-1, have) for want, have in zip(expected.shape, array.shape)):
+        raise ProtocolError(400, f"input {expected.name!r}: expected shape {expected.shape}, got {list(array.shape)}")
+    if array.shape[0] < 1:
+        raise ProtocolError(400, f"input {expected.name!r}: no samples (leading dimension 0)")
+    return [array[i:i + 1] for i in range(array.shape[0])]
+
+
+def timing_parameters(timings: list[dict[str, float]]) -> dict[str, int]:
+    """The server's timings of a request (us; the slowest of its samples), as response parameters."""
+    keys = ("queue_us", "preprocess_us", "infer_us", "postprocess_us", "batch_size")
+    return {key: int(round(max(t[key] for t in timings))) for key in keys}

@@ -1,0 +1,103 @@
+"""`mlharness serve` started by a test: a real server on 127.0.0.1 (any free ports), ready when its
+own line says where it listens (no sleeps), stopped by its own pid (SIGTERM, then SIGKILL after a
+bound), its stderr kept for assertions."""
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+READY = re.compile(r"mlharness serve: serving .* at (?P<where>.+)$")
+START_BOUND_S = 180.0  # a model load on a loaded 2-core machine; a bound, never a verdict
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    http: str | None
+    grpc: str | None
+    log: list[str] = field(default_factory=list)
+    drain: threading.Thread | None = None
+
+    def read_log(self) -> str:
+        """Everything the server wrote to stderr so far (after it stops: everything)."""
+        return "".join(self.log)
+
+    def stop(self) -> int:
+        return stop_process(self.process, self.log, self.drain)
+
+
+def stop_process(process: subprocess.Popen, log: list[str], drain: threading.Thread | None = None,
+                 grace_s: float = 30.0) -> int:
+    """SIGTERM by its pid, wait (bounded), SIGKILL if still there; the rest of its stderr into `log`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    if drain is not None:
+        drain.join(10)
+    elif process.stderr is not None and not process.stderr.closed:
+        log.append(process.stderr.read() or "")
+    return process.returncode
+
+
+def _drain(process: subprocess.Popen, log: list[str]) -> None:
+    """Keep reading the server's stderr so that its log lines never fill the pipe and block it."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        log.append(line)
+
+
+@contextmanager
+def mlharness_serve(model: str, *args: str, http: bool = True, grpc: bool = True, cwd: Path | None = None,
+                    env: dict[str, str] | None = None) -> Iterator[Served]:
+    command = [sys.executable, "-m", "mlharness.cli", "serve", model, *args]
+    if http:
+        command += ["--http", "127.0.0.1:0"]
+    if grpc:
+        command += ["--grpc", "127.0.0.1:0"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                               env=env or dict(os.environ), start_new_session=True)
+    served = Served(process, None, None)
+    try:
+        where = _wait_ready(process, served.log)
+        served.http = next((w for w in where if w.startswith("http://")), None)
+        served.grpc = next((w for w in where if w.startswith("grpc://")), None)
+        served.drain = threading.Thread(target=_drain, args=(process, served.log), daemon=True)
+        served.drain.start()
+        yield served
+    finally:
+        stop_process(process, served.log, served.drain)
+
+
+def _wait_ready(process: subprocess.Popen, log: list[str]) -> list[str]:
+    assert process.stderr is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + START_BOUND_S
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stderr.readline()
+        if not line:  # the server exited before it said it was serving
+            break
+        log.append(line)
+        match = READY.search(line.strip())
+        if match:
+            selector.close()
+            return match["where"].split()
+    selector.close()
+    stop_process(process, log)
+    raise AssertionError(f"mlharness serve did not start (exit {process.returncode}): {''.join(log)[-2000:]}")
