@@ -71,21 +71,6 @@ def _run(results: Path, scenario: str = "Offline") -> int:
                    "--results-dir", results)
 
 
-def _runner_gives_the_sut_its_result_spec() -> bool:
-    import inspect
-
-    from mlharness.running import runner
-
-    return "result_spec=" in inspect.getsource(runner.run_loadgen)
-
-
-# The SUT checks results only when it is given the result spec. Until harness/running/runner.py passes it
-# (`result_spec=runtime.model.result or runtime.model.outputs[0]`) a wrong result still exits 0, so
-# these tests are expected to fail; the mark lifts itself once runner.py passes it.
-checks_results = pytest.mark.xfail(not _runner_gives_the_sut_its_result_spec(), strict=True,
-                                   reason="harness/running/runner.py does not pass result_spec to SystemUnderTest yet")
-
-
 def _failure(results: Path, scenario: str, capfd: pytest.CaptureFixture[str]) -> str:
     """The failed run's error from its run.json, checked to be the one line printed on stderr."""
     failed = list(results.glob(f"*/contract/{scenario}/failed-*/run.json"))
@@ -165,7 +150,6 @@ def test_symbolic_dims_must_agree_across_the_inputs_of_a_sample(tmp_path: Path, 
     (TOP1_RESULT, "hidden[:, 0, :1]", "float32 with shape ({n}, 1)", "int64 [1] (row shape (1,))"),
 ], ids=["float64", "fixed-dim", "rank", "dtype-vs-result"])
 @pytest.mark.parametrize("scenario", ["Offline", "SingleStream"])
-@checks_results
 def test_postprocess_result_must_be_the_declared_result(tmp_path: Path, specs_copy: Path, scenario: str,
                                                         result: str, post: str, got: str, declared: str,
                                                         capfd: pytest.CaptureFixture[str]) -> None:
