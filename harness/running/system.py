@@ -84,6 +84,10 @@ def system_name(system: dict[str, Any], device: str = "cpu") -> str:
     return name if device == "cpu" else f"{name}_{re.sub(r'[^A-Za-z0-9]+', '', device)}"
 
 
+# Packages `make setup` leaves out (slow to build) and how to get them.
+INSTALL_HINTS = {"llama-cpp-python": "`make setup-test` builds it (about 5 minutes on 2 cores, portable flags; docs/llm.md)"}
+
+
 def check_software(manifest: SoftwareManifest) -> dict[str, str]:
     """Installed versions of the manifest's packages; a missing package or a mismatch is a UserError."""
     from packaging.specifiers import SpecifierSet
@@ -93,7 +97,8 @@ def check_software(manifest: SoftwareManifest) -> dict[str, str]:
     for dist, constraint in manifest.packages.items():
         version = package_version(dist)
         if version is None:
-            raise UserError(f"{manifest.path}: packages.{dist}: expected {dist}{constraint} installed, it is not")
+            hint = f"; {INSTALL_HINTS[dist]}" if dist in INSTALL_HINTS else ""
+            raise UserError(f"{manifest.path}: packages.{dist}: expected {dist}{constraint} installed, it is not{hint}")
         if constraint and Version(version) not in SpecifierSet(constraint, prereleases=True):
             raise UserError(f"{manifest.path}: packages.{dist}: expected {dist}{constraint}, installed {version}")
         installed[dist] = version
