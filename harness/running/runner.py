@@ -133,7 +133,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         os.environ.setdefault(var, value)
     detected = system_mod.detect_system()
     system_name = system_mod.system_name(detected, hardware.device)
-    settings = _with_tuned(request, model, backend_name, system_name, settings)
+    settings, untuned_note = _with_tuned(request, model, backend_name, system_name, settings)
     if model.generation is not None:
         _token_mode(settings)
     run_id = new_run_id()
@@ -186,6 +186,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
                 runtime, warm_batch, int(options["warmup_queries"]), float(options["warmup_seconds"])))
         warmed()
         _expect_measured_latency(settings, record.cold_start, request.scenario)
+        _say_untuned_once(untuned_note, Path(request.results_dir), model.name, request.scenario, system_name)
         record.settings = settings.as_record()
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
@@ -214,22 +215,44 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
 
 
 def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_name: str,
-                settings: Settings) -> Settings:
+                settings: Settings) -> tuple[Settings, str | None]:
     """The settings with the tuned configuration stored for this model, system, backend and software
-    (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs)."""
+    (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs), to print
+    once the run's inputs have proved good, and only the first time for this model, scenario and system
+    under this results folder. Nothing to tune: the null backend, a run against a server, an LLM."""
     from mlharness.running import tuned as tuning
     from mlharness.running.progress import quiet_from_env
 
     if not request.use_tuned or request.mode not in ("performance", "submission") or \
             getattr(model, "generation", None) is not None:  # tune does not search generative models
-        return settings
+        return settings, None
     key = tuning.tuning_key(model, system_name, backend, system_mod.software_versions(), request.scenario)
     found = tuning.lookup(Path(request.results_dir), key)
     if found is not None:
-        return prepare_settings(request, model, found)
-    if request.scenario in tuning.TUNABLE_SCENARIOS and not (request.quiet or quiet_from_env()):
-        print(tuning.untuned_note(model.name, request.scenario, system_name), file=sys.stderr, flush=True)
-    return settings
+        return prepare_settings(request, model, found), None
+    if request.scenario not in tuning.TUNABLE_SCENARIOS or request.quiet or quiet_from_env() or \
+            backend == "null" or request.endpoint:
+        return settings, None
+    return settings, tuning.untuned_note(model.name, request.scenario, system_name)
+
+
+def _say_untuned_once(note: str | None, results_dir: Path, model: str, scenario: str, system_name: str) -> None:
+    """Print the untuned note unless this results folder has seen it for this model, scenario and system."""
+    if note is None:
+        return
+    seen = results_dir / "untuned-notes.txt"  # one line per (model, scenario, system) told; appended
+    key = f"{model}\t{scenario}\t{system_name}"
+    try:
+        if key in seen.read_text().splitlines():
+            return
+    except OSError:
+        pass
+    print(note, file=sys.stderr, flush=True)
+    try:
+        with open(seen, "a") as out:
+            out.write(key + "\n")
+    except OSError:
+        pass  # a read-only results folder: the note comes again next time, nothing worse
 
 
 def _expect_measured_latency(settings: Settings, cold_start: dict[str, Any], scenario: str) -> None:
