@@ -80,19 +80,21 @@ def _run(install: Install, cwd: Path, *command: str, env: dict[str, str] | None 
 
 def test_the_wheel_carries_the_specs_presets_and_c_extension(installed: Install) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    shipped = {str(p.relative_to(REPO)) for p in [*REPO.glob("specs/*/*.yaml"), *REPO.glob("scenarios/*.yaml")]}
-    assert "specs/models/null.yaml" in shipped and "scenarios/quick.yaml" in shipped
+    # One top-level import package: the checkout's folders are mapped into mlharness.
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"mlharness"}
+    shipped = {f"mlharness/{p.relative_to(REPO)}" for p in [*REPO.glob("specs/*/*.yaml"), *REPO.glob("scenarios/*.yaml")]}
+    assert "mlharness/specs/models/null.yaml" in shipped and "mlharness/scenarios/quick.yaml" in shipped
     assert shipped <= names, sorted(shipped - names)
-    assert {"specs/__init__.py", "scenarios/__init__.py"} <= names
-    assert [n for n in names if n.startswith("sut/_native") and n.endswith(".so")], "no mlharness.sut._native in the wheel"
-    assert not [n for n in names if n.startswith("scenarios/baselines/")]  # CI's records stay in the checkout
+    assert {"mlharness/specs/__init__.py", "mlharness/scenarios/__init__.py", "mlharness/sut/network/oip.proto"} <= names
+    assert [n for n in names if n.startswith("mlharness/sut/_native") and n.endswith(".so")], "no mlharness.sut._native"
+    assert not [n for n in names if "scenarios/baselines/" in n]  # CI's records stay in the checkout
 
 
 def test_installed_copy_is_the_one_imported_and_finds_its_data(installed: Install, tmp_path: Path) -> None:
-    code = ("import json, harness, specs, scenarios, sut._native\n"
+    code = ("import json, mlharness, mlharness.specs, mlharness.scenarios, mlharness.sut._native\n"
             "from mlharness.specs.index import specs_root\nfrom mlharness.running.settings import scenarios_root\n"
-            "print(json.dumps([harness.__file__, specs.__file__, scenarios.__file__, mlharness.sut._native.__file__,"
-            " str(specs_root()), str(scenarios_root())]))")
+            "print(json.dumps([mlharness.__file__, mlharness.specs.__file__, mlharness.scenarios.__file__,"
+            " mlharness.sut._native.__file__, str(specs_root()), str(scenarios_root())]))")
     result = _run(installed, tmp_path, sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
     for path in json.loads(result.stdout):
@@ -104,7 +106,7 @@ def test_specs_list_from_the_install(installed: Install, tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
     paths = [Path(line.split()[-1]) for line in result.stdout.splitlines()]
     assert len(paths) == len(list(REPO.glob("specs/*/*.yaml")))
-    assert all(_inside(p, installed.site / "specs") for p in paths), result.stdout
+    assert all(_inside(p, installed.site / "mlharness" / "specs") for p in paths), result.stdout
     # pip --target installs the console script too; it runs the same installed code.
     script = installed.site / "bin" / "mlharness"
     assert script.is_file()
@@ -119,12 +121,12 @@ def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) ->
                   env=verbose)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "null (null) Offline performance: ok" in result.stdout
-    assert f"extension module 'mlharness.sut._native' loaded from '{installed.site / 'sut'}" in result.stderr
+    assert f"extension module 'mlharness.sut._native' loaded from '{installed.site / 'mlharness' / 'sut'}" in result.stderr
     for package in PACKAGES:
         assert f"{REPO / package}{os.sep}" not in result.stderr, f"imported the checkout's {package}"
     record = json.loads(next((tmp_path / "R").glob("*/null/Offline/run.json")).read_text())
     assert record["status"] == "ok"
-    assert _inside(Path(record["model"]["path"]), installed.site / "specs")
+    assert _inside(Path(record["model"]["path"]), installed.site / "mlharness" / "specs")
     assert record["settings"]["origin"]["min_duration"] == "preset:quick"
     assert (tmp_path / "R" / "mlharness.sqlite").is_file()
 
@@ -137,10 +139,11 @@ def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) ->
     # Exit 1: the pre-flight check refuses the null model's folder name (not an MLPerf benchmark).
     assert "packaged OUT/open/acme" in result.stdout, result.stdout + result.stderr
     code = tmp_path / "OUT" / "open" / "acme" / "src" / "mlharness"
-    assert (code / "harness" / "running" / "runner.py").is_file() and (code / "sut" / "handoff.py").is_file()
+    assert (code / "running" / "runner.py").is_file() and (code / "sut" / "handoff.py").is_file()  # the package's layout
+    assert (code / "sut" / "network" / "oip.proto").is_file() and (code / "specs" / "manifests.py").is_file()
     assert (code / "scenarios" / "quick.yaml").is_file()
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert (code / "INSTALLED.txt").read_text().startswith(f"mlharness {version}, installed in {installed.site}:")
+    assert (code / "INSTALLED.txt").read_text().startswith(f"mlharness {version}, installed in {installed.site / 'mlharness'}:")
     assert not (code / "pyproject.toml").exists() and not (code / "native").exists()
 
 

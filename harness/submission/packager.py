@@ -33,12 +33,14 @@ from mlharness.submission.runs import ScenarioRuns, collect
 
 PROVENANCE_SCHEMA_VERSION = 1
 # Where the code that runs lives: a checkout, or the site-packages folder mlharness is installed in.
-CODE_ROOT = Path(__file__).resolve().parent.parent.parent
-CHECKOUT_GLOBS = ("harness/**/*.py", "sut/**/*.py", "native/**/*.c", "native/**/*.h", "scenarios/*.yaml",
-                  "pyproject.toml")
+# The mlharness package that runs: harness/ in a checkout (its folders mapped into the namespace), or
+# the installed mlharness/ folder of a wheel.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_GLOBS = ("harness/**/*.py", "sut/**/*.py", "specs/*.py", "profiling/*.py", "native/**/*.c", "native/**/*.h",
+                  "sut/network/*.proto", "scenarios/*.yaml", "pyproject.toml")
 # An installed wheel holds no C sources and no pyproject.toml: its Python code and presets go in,
 # with a note naming the installed version (INSTALLED_NOTE).
-INSTALLED_GLOBS = ("harness/**/*.py", "sut/**/*.py", "scenarios/*.yaml")
+INSTALLED_GLOBS = ("**/*.py", "sut/network/*.proto", "scenarios/*.yaml")
 INSTALLED_NOTE = "INSTALLED.txt"
 
 
@@ -252,9 +254,10 @@ def _provenance_entry(runs: ScenarioRuns, folder: str, benchmark: str | None, wh
             "accuracy": run_info(runs.accuracy), "compliance": runs.compliance}
 
 
-def _copy_code(dest: Path, root: Path = CODE_ROOT) -> None:
-    """The harness code that ran into `dest`: a checkout's sources, or the installed package's."""
-    checkout = (root / "pyproject.toml").is_file()
+def _copy_code(dest: Path) -> None:
+    """The harness code that ran into `dest`: a checkout's sources (its layout), or the installed package's."""
+    checkout = PACKAGE_ROOT.name != "mlharness" and (PACKAGE_ROOT.parent / "pyproject.toml").is_file()
+    root = PACKAGE_ROOT.parent if checkout else PACKAGE_ROOT
     for pattern in CHECKOUT_GLOBS if checkout else INSTALLED_GLOBS:
         for path in sorted(root.glob(pattern)):
             if path.is_file() and "__pycache__" not in path.parts:
