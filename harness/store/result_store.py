@@ -228,8 +228,12 @@ class ResultStore:
     def __enter__(self) -> "ResultStore":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self.close()
+        # The header opened, but a page read while querying is damaged (or the file is locked, or full):
+        # the database is named, in one line, whichever query met it.
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise UserError(f"{self.path}: not a usable results database ({exc})") from None
 
     def _transaction(self) -> "_Transaction":
         return _Transaction(self.conn)
