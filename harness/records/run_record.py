@@ -4,9 +4,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import secrets
+import types
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
 
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
@@ -206,6 +207,40 @@ class RunRecord:
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING and f.default_factory is MISSING)
 
 
+def _kind(hint: Any) -> type:
+    """A field's JSON type (dict, str or int), `X | None` read as X."""
+    args = [a for a in get_args(hint) if a is not type(None)]
+    base = args[0] if get_origin(hint) in (Union, types.UnionType) else hint
+    return get_origin(base) or base
+
+
+# What each field of a record holds, from RunRecord's own annotations. Null is a part the run never
+# reached (readers take it as empty), but a `settings` that is a string would be stored and then break
+# every reader, so a value of another type is refused where the record is read.
+_KINDS = {name: _kind(hint) for name, hint in get_type_hints(RunRecord).items()}
+_WORDS = {dict: "a mapping (a JSON object)", str: "a string", int: "an integer"}
+# Mappings inside the top-level ones that readers walk (settings layers, accuracy values, figures).
+_NESTED_MAPPINGS = (("settings", "harness"), ("settings", "loadgen"), ("settings", "origin"), ("accuracy", "values"),
+                    ("cold_start", "device_memory"), ("bricks", "summary"), ("software", "versions"))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_shapes(data: dict[str, Any], where: str) -> None:
+    """Each known field holds its type or null, in one line naming the field otherwise."""
+    for name, kind in _KINDS.items():
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise UserError(f"{where}: {name}: expected {_WORDS[kind]}, got {_short(value)}")
+    for outer, inner in _NESTED_MAPPINGS:
+        value = (data.get(outer) or {}).get(inner)
+        if value is not None and not isinstance(value, dict):
+            raise UserError(f"{where}: {outer}.{inner}: expected {_WORDS[dict]}, got {_short(value)}")
+
+
 def migrate_record(data: Any, where: str) -> dict[str, Any]:
     """A run record dict brought to RUN_SCHEMA_VERSION: a newer schema is refused, an older one
     migrated forward, a missing field refused, each in one line naming `where`. Keys this version
@@ -231,6 +266,7 @@ def migrate_record(data: Any, where: str) -> dict[str, Any]:
     if not isinstance(data.get("kind"), str) or not data["kind"]:
         raise UserError(f"{where}: kind: expected what the record measured (e.g. {LOADGEN!r}), "
                         f"got {data.get('kind')!r}")
+    _check_shapes(data, where)
     return data
 
 
