@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlharness.commands.results import add_db_arguments, open_store
+from mlharness.commands.results import add_db_arguments, open_store, output_path
 from mlharness.errors import UserError
 
 
@@ -26,15 +26,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise UserError("--out DIR: needed with --run, --sweep, --bricks and --tuning (the folder for index.html and its PNGs)")
+    out = output_path("--out", args.out, folder=True)
     with open_store(args) as store:
-        if args.run:
-            index = run_report(store, args.run, Path(args.out))
-        elif args.bricks:
-            index = bricks_report(store, Path(args.out))
-        elif args.tuning:
-            index = tuning_report(store, Path(args.out))
-        else:
-            index = sweep_report(store, args.sweep, Path(args.out))
+        try:
+            if args.run:
+                index = run_report(store, args.run, out)
+            elif args.bricks:
+                index = bricks_report(store, out)
+            elif args.tuning:
+                index = tuning_report(store, out)
+            else:
+                index = sweep_report(store, args.sweep, out)
+        except OSError as exc:
+            raise UserError(f"--out {out}: cannot write the report: {exc.strerror or exc}") from None
     print(f"report written to {index}")
     return 0
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlharness.errors import UserError
 from mlharness.running.settings import SCENARIOS
 
 if TYPE_CHECKING:
@@ -16,6 +17,30 @@ def add_db_arguments(parser: argparse.ArgumentParser) -> None:
     """--results-dir and --db, shared by every command that opens the results database."""
     parser.add_argument("--results-dir", default="results", help="results tree root (default: results)")
     parser.add_argument("--db", help="results database file (default: $MLHARNESS_DB, else RESULTS_DIR/mlharness.sqlite)")
+
+
+def output_path(flag: str, value: str, folder: bool = False) -> Path:
+    """A path the user named for output (a file, or a folder with `folder`), refused in one line naming
+    the flag when it is the other kind or lies below a file; missing parent folders are created when
+    it is written, as `mkdir -p` would."""
+    path = Path(value)
+    if path.exists() and path.is_dir() != folder:
+        raise UserError(f"{flag} {path}: a file; name a folder to write into" if folder else
+                        f"{flag} {path}: a folder; name the file to write")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+    return path
+
+
+def write_output(flag: str, path: Path, text: str) -> None:
+    """Write a named output file whole (a temporary file renamed), a failure one line naming the flag."""
+    from mlharness.atomic_io import write_text
+
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def open_store(args: argparse.Namespace, create: bool = False):  # noqa: ANN201 - ResultStore, imported lazily
