@@ -53,6 +53,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from mlharness.store.result_store import RunFilter
     from mlharness.tables import format_table
 
+    if args.limit < 0:
+        raise UserError(f"--limit: expected a number of rows >= 0 (0 = all), got {args.limit}")
     flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
                     mode=args.mode, sweep=args.sweep)
     with open_store(args) as store:

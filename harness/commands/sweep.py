@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from mlharness.commands.results import add_db_arguments
+from mlharness.errors import UserError
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mlharness.store.result_store import ResultStore, resolve_db_path
     from mlharness.sweeps.sweep import SweepOptions, best_table, run_sweep, sweep_rows
 
+    # Unset, each falls back to the grid's value; set, it must be one a grid could hold.
+    if args.repeat is not None and args.repeat < 1:
+        raise UserError(f"--repeat: expected a number of runs per cell >= 1, got {args.repeat}")
+    if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan fails this too
+        raise UserError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
     options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
                            repeat=args.repeat, timeout_s=args.timeout, quick=True if args.quick else None,
