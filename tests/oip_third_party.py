@@ -1,5 +1,7 @@
 """A real third-party Open Inference Protocol (KServe v2) server for the tests: Seldon MLServer 1.7.1 serving a
 `null` model, so our OIP clients are checked against someone else's implementation, not only `mlharness serve`.
+Its input is what `mlharness run null --endpoint ...` sends: the null-samples dataset's raw sample (an index, a
+Python int) as INT64, one per request, so shape [1] (a batch of scalars is [N]); it refuses anything else.
 
 Findings (scratch venvs on Python 3.11, ray[default]==2.60.0 and pydantic>=2.9,<3 installed first):
 
@@ -55,7 +57,9 @@ STOP_TIMEOUT_S = 15.0
 _START_ATTEMPTS = 3  # fresh ports each time: a port picked free can be taken before the server binds it
 _BIND_FAILURES = ("address already in use", "Failed to bind")
 
-# The model MLServer imports from the model folder: input `x` FP32 [-1, 1] in, `scores` FP32 [-1, 1000] zeros out.
+# The model MLServer imports from the model folder: input `x` INT64 [-1] in (the null-samples dataset's indices, as
+# our client sends them), `scores` FP32 [-1, 1000] zeros out. MLServer itself checks neither datatype nor shape
+# against model-settings.json, so the model does: a client that sends other than it declares is refused (400).
 _MODEL_CODE = '''\
 import numpy as np
 from mlserver import MLModel
@@ -72,8 +76,9 @@ class NullModel(MLModel):
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         x = next((t for t in payload.inputs if t.name == "x"), None)
-        if x is None or len(x.shape) != 2 or x.shape[1] != 1:
-            raise MLServerError("expected input 'x' of shape [batch, 1]", status_code=400)
+        if x is None or x.datatype != "INT64" or len(x.shape) != 1:
+            got = f"{x.datatype} {list(x.shape)}" if x is not None else [t.name for t in payload.inputs]
+            raise MLServerError(f"expected input 'x' INT64 of shape [batch], got {got}", status_code=400)
         scores = np.zeros((int(x.shape[0]), 1000), dtype=np.float32)
         return InferenceResponse(model_name=self.name, id=payload.id,
                                  outputs=[NumpyCodec.encode_output("scores", scores)])
@@ -100,7 +105,7 @@ def _write_repository(root: Path, http_port: int, grpc_port: int) -> None:
                 "load_models_at_startup": True}
     (root / "settings.json").write_text(json.dumps(settings, indent=1))
     model = {"name": MODEL_NAME, "implementation": "oip_null_model.NullModel", "parallel_workers": 0,
-             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}],
+             "inputs": [{"name": "x", "datatype": "INT64", "shape": [-1]}],
              "outputs": [{"name": "scores", "datatype": "FP32", "shape": [-1, 1000]}]}
     (model_dir / "model-settings.json").write_text(json.dumps(model, indent=1))
     (model_dir / "oip_null_model.py").write_text(_MODEL_CODE)

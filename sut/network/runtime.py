@@ -40,11 +40,13 @@ class RawSamples:
                 raw = self._load(sample, self._ctx) if self._load else sample
             except Exception as exc:  # noqa: BLE001 - the user's load function, named with its sample
                 raise SampleError([index], "load", exc) from None
-            array = np.ascontiguousarray(raw)
+            array = np.asarray(raw)  # a scalar stays 0-d (np.ascontiguousarray makes it [1])
             if array.dtype.kind not in "biuf":
                 raise SampleError([index], "load", f"returned {array.dtype} data; a run against a server sends "
                                                    "numeric arrays (booleans, integers, floats)")
-            self._loaded[index] = array.reshape(1, *array.shape)  # a batch of one: the protocol's leading dim
+            # A batch of one (the protocol's leading dim): the server cuts it off again and preprocesses
+            # the sample as the dataset gave it, a scalar as a scalar, as a run in this process would.
+            self._loaded[index] = np.ascontiguousarray(array.reshape(1, *array.shape))
 
     def unload_samples(self, indices: Sequence[int]) -> None:
         for index in indices:
