@@ -12,20 +12,25 @@ from mlharness.tables import format_table
 # The trial runs' length: short, but long enough for a stable figure (--set overrides either).
 TRIAL_SETTINGS = {"Offline": ("min_query_count=1",), "SingleStream": ("min_query_count=64",),
                   "MultiStream": ("min_query_count=16",), "Server": ("min_query_count=64",)}
+MIN_TRIAL_SECONDS, MAX_TRIAL_SECONDS = 0.001, 86400.0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from mlharness.running.tuned import settings_text, trial_status
     from mlharness.running.tuning import MIN_GAIN, tune
 
+    # A trial's min_duration is whole ms: under 1 ms (or nan) is no trial at all, over a day no search.
+    if not MIN_TRIAL_SECONDS <= args.trial_seconds <= MAX_TRIAL_SECONDS:
+        raise UserError(f"--trial-seconds: expected a number of seconds from {MIN_TRIAL_SECONDS:g} to "
+                        f"{MAX_TRIAL_SECONDS:g}, got {args.trial_seconds:g}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
     fields = request_fields(args)
     trial = (f"min_duration={int(args.trial_seconds * 1000)}", *TRIAL_SETTINGS.get(args.scenario, ()))
     argv = getattr(args, "argv", None) or []
     base = RunRequest(model=args.model, scenario=args.scenario, mode="performance", use_tuned=False,
                       **(fields | {"overrides": [*trial, *fields.get("overrides", [])]}),
                       command=shlex.join(["mlharness", *argv]) if argv[:1] == ["tune"] else "")
-    if args.repeats < 1:
-        raise UserError(f"--repeats: expected a number of runs >= 1, got {args.repeats}")
     found = tune(base, repeats=args.repeats)
     rows = [(i, settings_text(t["settings"]) or "defaults", t["value"], trial_status(t), t["run_id"])
             for i, t in enumerate(found["trials"], 1)]
@@ -55,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="Server: the p99 latency at the run's target_qps is minimised; set the rate you "
                              "mean to run at (--set target_qps=QPS)")
     parser.add_argument("--trial-seconds", type=float, default=3.0, metavar="SECONDS",
-                        help="min_duration of each trial run (default 3)")
+                        help="min_duration of each trial run (default 3; from 0.001 to 86400)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs per configuration, the best counts (default 2; other work only slows a run)")
     add_request_arguments(parser, ["--dataset", "--backend", "--software", "--hardware", "--results-dir", "--set",

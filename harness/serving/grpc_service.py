@@ -10,7 +10,8 @@ import numpy as np
 
 from mlharness.serving.batcher import BadSample, DynamicBatcher
 from mlharness.serving.http_app import log_refusal, server_version
-from mlharness.serving.protocol import EXTENSIONS, ProtocolError, TensorMeta, output_meta, samples_of, timing_parameters
+from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, check_requested_outputs, output_meta,
+                                        samples_of, timing_parameters)
 from mlharness.sut.network import oip_grpc
 from mlharness.sut.network.tensors import TensorError, datatype_of, from_bytes
 
@@ -59,6 +60,7 @@ class GrpcFront(oip_grpc.services().GRPCInferenceServiceServicer):
             if request.model_name != self.name:
                 raise ProtocolError(404, f"model {request.model_name!r} is not served here (serving {self.name!r})")
             samples = samples_of(self._tensors(request), self.inputs)
+            check_requested_outputs([o.name for o in request.outputs], output_meta(self.served))
             try:
                 answers = await self.batcher.infer(samples)
             except BadSample as exc:

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mlharness.serving.batcher import BadSample, DynamicBatcher
-from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, model_metadata, output_meta,
-                                        samples_of, timing_parameters)
+from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, check_requested_outputs, model_metadata,
+                                        output_meta, samples_of, timing_parameters)
 from mlharness.sut.network.oip_client import BINARY_HEADER
 from mlharness.sut.network.tensors import TensorError, datatype_of, from_bytes, from_list
 
@@ -44,7 +45,14 @@ class HttpFront:
                   Route("/v2", self.server_meta), Route("/v2/models/{model}", self.model_meta),
                   Route("/v2/models/{model}/ready", self.model_ready),
                   Route("/v2/models/{model}/infer", self.infer, methods=["POST"])]
-        return Starlette(routes=routes)
+        # A path or method the protocol does not serve here (Triton's model config, say) answers the
+        # protocol's JSON error too: clients such as tritonclient parse every error body as JSON.
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._unrouted})
+
+    async def _unrouted(self, request: Request, exc: HTTPException) -> Response:
+        message = f"{request.method} {request.url.path}: {exc.detail} (not a route of the protocol served here)"
+        log_refusal("http", message)
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
@@ -87,6 +95,7 @@ class HttpFront:
             raise ProtocolError(413, f"request body of {len(body)} bytes is over the limit of {self.max_body_bytes}")
         header, tensors = self._decode(body, request.headers.get(BINARY_HEADER))
         samples = samples_of(tensors, self.inputs)
+        check_requested_outputs([str(o.get("name")) for o in header.get("outputs") or []], output_meta(self.served))
         try:
             answers = await self.batcher.infer(samples)
         except BadSample as exc:

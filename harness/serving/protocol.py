@@ -79,6 +79,14 @@ def samples_of(tensors: dict[str, np.ndarray], expected: TensorMeta) -> list[np.
     return [array[i:i + 1] for i in range(array.shape[0])]
 
 
+def check_requested_outputs(names: list[str], served: TensorMeta) -> None:
+    """A request may name the outputs it wants (none: all); the model answers one, its result."""
+    unknown = [name for name in names if name != served.name]
+    if unknown:
+        raise ProtocolError(400, f"requested output {unknown[0]!r} is not one of this model's outputs "
+                                 f"(it answers {served.name!r})")
+
+
 def timing_parameters(timings: list[dict[str, float]]) -> dict[str, int]:
     """The server's timings of a request (us; the slowest of its samples), as response parameters."""
     keys = ("queue_us", "preprocess_us", "infer_us", "postprocess_us", "batch_size")
