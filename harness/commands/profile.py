@@ -4,11 +4,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mlharness.errors import UserError
+
 
 def cmd_profile_show(args: argparse.Namespace) -> int:
-    from mlharness.profiling.report import load_summary, render
+    from mlharness.profiling.report import show
 
-    print(render(load_summary(Path(args.result_dir)), top=args.top))
+    if args.top < 1:
+        raise UserError(f"--top: expected a number of rows >= 1, got {args.top}")
+    print(show(Path(args.result_dir), top=args.top))
     return 0
 
 
