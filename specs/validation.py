@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, NoReturn, Union, get_args, get_origin
 
+import yaml
 from pydantic import BaseModel, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
@@ -242,10 +243,36 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def load_yaml(path: Path) -> Any:
-    """Parse one YAML file; a syntax error becomes one line naming the file and the line."""
-    import yaml
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(f"key {key!r} given twice")
+        self.key, self.line, self.first_line = key, line, first_line
 
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a mapping that names a key twice is refused: YAML keeps the last
+    value without a word, so a manifest or grid would run with a value other than the one the reader
+    saw first. A merge (`<<: *anchor`) followed by a key is YAML's override, not a duplicate."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    earlier = first.get(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if earlier is not None:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1, earlier)
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(path: Path) -> Any:
+    """Parse one YAML file; a syntax error or a key given twice becomes one line naming the file and the line."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -253,7 +280,10 @@ def load_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ManifestError([f"{path}: byte {exc.start}: expected UTF-8 text, got {exc.object[exc.start:exc.start + 1]!r}"]) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as exc:
+        raise ManifestError([f"{path}: line {exc.line}: key {exc.key!r} given twice (first on line {exc.first_line}); "
+                             f"YAML would keep only the last"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
