@@ -135,7 +135,7 @@ def test_example_grid_expands_to_its_eight_cells() -> None:
     ("models: [m]\nscenarios: [Offline]\nbatchsize: [1]\n", "batchsize: expected no such field (allowed: backends, batch_sizes, cluster,"),
     ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name or {name, backends, datasets, set} (quote \"null\""),
     ("models: [m]\nscenarios: [Offlin]\n", "scenarios[0]: expected one of SingleStream, MultiStream, Server, Offline, got 'Offlin'"),
-    ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "settings.max_batch: expected a setting name (one of accuracy_log_probability,"),
+    ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "settings.max_batch: expected a setting name (did you mean 'max_batch_size'?), got 'max_batch'"),
     ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1, got 0"),
     ("models: [m]\nscenarios: [Offline]\nexclude: [{model: m}]\n", "no cells"),
     ("models: [m]\nscenarios: [Offline]\nhardware: [cpu, gpu9]\n", "hardware[1]: no hardware manifest named 'gpu9'"),
@@ -161,7 +161,8 @@ def test_every_problem_of_a_grid_is_named_at_once_in_the_files_order(tmp_path: P
     assert str(caught.value).splitlines() == [
         f"{path}: models[1].sets: expected no such field (allowed: backends, datasets, name, set)",
         f"{path}: timeout: expected a number of seconds > 0, got -1",
-        f"{path}: set.Server.qps: expected a setting name (one of {', '.join(SETTING_KEYS)}), got 'qps'",
+        f"{path}: set.Server.qps: expected a setting name (not a LoadGen user.conf key or a harness key; README "
+        f"lists them), got 'qps'",
         f"{path}: mode: expected one of performance, accuracy, submission, find-peak, got 'fast'",
     ]
 

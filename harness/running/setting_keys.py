@@ -3,6 +3,8 @@ the harness reads. A module of its own so that the settings' schemas (settings_s
 layering (settings) both read them without importing each other."""
 from __future__ import annotations
 
+import difflib
+
 SCENARIOS = ("SingleStream", "MultiStream", "Server", "Offline")
 MODES = ("performance", "accuracy", "submission", "find-peak")
 
@@ -28,3 +30,9 @@ HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inte
                           # a run against a server (--endpoint, docs/network.md)
                           "endpoint_model", "endpoint_concurrency", "endpoint_timeout", "endpoint_connect_timeout",
                           "endpoint_binary", "issue_lag_limit_ms"})
+
+
+def setting_hint(key: object) -> str:
+    """What to say of an unknown setting name: the closest known one, not all of them (60 names)."""
+    close = difflib.get_close_matches(str(key), sorted(LOADGEN_KEYS | HARNESS_KEYS), n=1)
+    return f"did you mean {close[0]!r}?" if close else "not a LoadGen user.conf key or a harness key; README lists them"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlharness.errors import UserError
-from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS  # noqa: F401  (read here)
+from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS, setting_hint  # noqa: F401  (read here)
 from mlharness.specs.validation import load_yaml
 
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
@@ -65,8 +65,7 @@ class Settings:
         elif key in HARNESS_KEYS:
             self.harness[key] = _harness_value(key, value, where)
         else:
-            known = ", ".join(sorted(LOADGEN_KEYS | HARNESS_KEYS))
-            raise UserError(f"{where}: unknown setting {key!r} (known: {known})")
+            raise UserError(f"{where}: unknown setting {key!r} ({setting_hint(key)})")
         self.origin[key] = layer
         self.where[key] = where
 

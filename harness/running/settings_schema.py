@@ -6,12 +6,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
-from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, SCENARIOS
+from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, SCENARIOS, setting_hint
 from mlharness.specs.schema import Doc
 from mlharness.specs.validation import Expect, refuse, refuse_all
 
 SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
-SETTING_TEXT = f"a setting name (one of {', '.join(SETTING_KEYS)})"
+SETTING_TEXT = "a setting name (a LoadGen user.conf key or a harness key)"
 SCALAR_SCHEMA = {"type": ["string", "number", "integer", "boolean"]}
 SCOPES = ("*", *SCENARIOS)
 
@@ -22,9 +22,14 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def _setting_text(key: Any) -> str:
+    """What an unknown setting name should have been: the closest known one, not all of them."""
+    return f"a setting name ({setting_hint(key)})"
+
+
 def _known_setting(key: Any) -> Any:
     if key not in SETTING_KEYS:
-        refuse(SETTING_TEXT)
+        refuse(_setting_text(key))
     return key
 
 
@@ -44,7 +49,8 @@ def _flat_or_scoped(value: dict[Any, Any]) -> dict[Any, Any]:
         if not isinstance(entry, dict):
             problems.append(((scope,), "a mapping of settings", entry))
             continue
-        problems += [((scope, key) if scope else (key,), SETTING_TEXT, key) for key in entry if key not in SETTING_KEYS]
+        problems += [((scope, key) if scope else (key,), _setting_text(key), key) for key in entry
+                     if key not in SETTING_KEYS]
         problems += [((scope, key) if scope else (key,), "a number, a string or true/false", v)
                      for key, v in entry.items() if not isinstance(v, (str, int, float, bool))]
     if problems:
