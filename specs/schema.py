@@ -8,11 +8,13 @@ mlharness.specs.manifests turns a validated document into the frozen manifest th
 mlharness.specs.validation turns pydantic's errors into this project's one-line problems."""
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+from mlharness.running.setting_keys import SCENARIOS, SCOPES, SETTING_KEYS, setting_hint
 from mlharness.specs.validation import NAME, SEMVER, SHA256, Expect, NamesOf, refuse, refuse_all
 
 ELEMENT_TYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
@@ -121,6 +123,45 @@ FileName = Annotated[str, AfterValidator(_file_name),
                      Expect(f"a file name of letters, digits and '_', not one of {list(SOURCE_ROLES)}")]
 Description = Annotated[str, Field(description="a description")]
 Mapping = Annotated[dict[str, Any], Field(description="a mapping")]
+
+# A model's attributes are open (hints for user code: dims, num_classes, ...); the keys the harness
+# itself reads are checked here, so a manifest that LoadGen or the workers would trip on is refused
+# by `specs validate` and before any run, naming the field.
+ATTRIBUTE_COUNTS = {"max_batch_size": "a batch size >= 1", "performance_sample_count": "a sample count >= 1"}
+
+
+def _scope_text(scope: Any) -> str:
+    close = difflib.get_close_matches(str(scope), SCENARIOS, n=1)
+    return (f"'*' or a scenario name (did you mean {close[0]!r}?)" if close else
+            f"'*' or one of {', '.join(SCENARIOS)}")
+
+
+def _model_attributes(value: dict[str, Any]) -> dict[str, Any]:
+    problems: list[tuple[tuple[Any, ...], str, Any]] = [
+        ((key,), text, value[key]) for key, text in ATTRIBUTE_COUNTS.items()
+        if key in value and (isinstance(value[key], bool) or not isinstance(value[key], int) or value[key] < 1)]
+    settings = value.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        problems.append((("settings",), "a mapping '*'|Scenario -> {setting: value}", settings))
+    for scope, entry in (settings.items() if isinstance(settings, dict) else ()):
+        if scope not in SCOPES:
+            problems.append((("settings", scope), _scope_text(scope), scope))
+        elif entry is not None and not isinstance(entry, dict):
+            problems.append((("settings", scope), "a mapping of settings", entry))
+        else:
+            problems += [(("settings", scope, key), f"a setting name ({setting_hint(key)})", key)
+                         for key in entry or {} if key not in SETTING_KEYS]
+    if problems:
+        refuse_all(problems)
+    return value
+
+
+ModelAttributes = Annotated[dict[str, Any], AfterValidator(_model_attributes), Field(
+    description="a mapping",
+    json_schema_extra={"properties": {
+        "max_batch_size": {"type": "integer", "minimum": 1}, "performance_sample_count": {"type": "integer", "minimum": 1},
+        "settings": {"type": "object", "propertyNames": {"enum": list(SCOPES)},
+                     "additionalProperties": {"type": ["object", "null"], "propertyNames": {"enum": SETTING_KEYS}}}}})]
 
 
 class ManifestDoc(Doc):
@@ -295,7 +336,7 @@ class ModelDoc(ManifestDoc):
     sources: Sources | None = Field(None, description=Sources.expected)
     preprocess: Code | None = None
     postprocess: Code | None = None
-    attributes: Mapping = Field(default_factory=dict)
+    attributes: ModelAttributes = Field(default_factory=dict)
     accuracy: ModelMetric | None = Field(None, description=ModelMetric.expected)
     dataset: str | None = Field(None, description="a default dataset name")
     generation: Generation | None = Field(None, description=Generation.expected)

@@ -31,8 +31,11 @@ HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inte
                           "endpoint_model", "endpoint_concurrency", "endpoint_timeout", "endpoint_connect_timeout",
                           "endpoint_binary", "issue_lag_limit_ms"})
 
+SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
+SCOPES = ("*", *SCENARIOS)  # what settings are scoped by in the YAML that carries them: every scenario, or one
+
 
 def setting_hint(key: object) -> str:
     """What to say of an unknown setting name: the closest known one, not all of them (60 names)."""
-    close = difflib.get_close_matches(str(key), sorted(LOADGEN_KEYS | HARNESS_KEYS), n=1)
+    close = difflib.get_close_matches(str(key), SETTING_KEYS, n=1)
     return f"did you mean {close[0]!r}?" if close else "not a LoadGen user.conf key or a harness key; README lists them"

@@ -6,14 +6,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
-from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, SCENARIOS, setting_hint
+from mlharness.running.setting_keys import SCOPES, SETTING_KEYS, setting_hint
 from mlharness.specs.schema import Doc
 from mlharness.specs.validation import Expect, refuse, refuse_all
 
-SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
 SETTING_TEXT = "a setting name (a LoadGen user.conf key or a harness key)"
 SCALAR_SCHEMA = {"type": ["string", "number", "integer", "boolean"]}
-SCOPES = ("*", *SCENARIOS)
 
 
 def _scalar(value: Any) -> Any:
