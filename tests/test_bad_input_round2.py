@@ -85,6 +85,24 @@ def test_a_database_with_smashed_pages_is_named_in_one_line(null_run: dict, tmp_
     assert sha256(db) == before
 
 
+def test_a_run_beside_a_smashed_database_keeps_its_files_and_says_so(null_run: dict, tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The tuning lookup before the run reads past the damage (no tuning), the run goes on, and storing its
+    record is the one line naming the database."""
+    results = tmp_path / "results"
+    results.mkdir()
+    db = results / "mlharness.sqlite"
+    shutil.copyfile(null_run["db"], db)
+    with db.open("r+b") as handle:
+        handle.seek(4096)
+        handle.write(bytes((i * 37 + 11) % 256 for i in range(db.stat().st_size - 4096)))
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", results) == 1
+    message = one_error(capfd)
+    assert message.endswith(f"but storing its record failed: {db}: not a usable results database "
+                            f"(database disk image is malformed)"), message
+    assert len(list(results.glob("*/null/Offline/runs/*/run.json"))) == 1
+
+
 # ---- 3. run records of the wrong shape are refused at import ----------------------------------------
 
 @pytest.mark.parametrize("field, value, expected", [

@@ -359,12 +359,12 @@ def _known_measurements(request: RunRequest, fp: str, keys: list[str]) -> dict[t
 
     try:
         store = result_store.ResultStore.reading(result_store.default_db_path(request.results_dir))
+        if store is None:
+            return {}
+        with store:  # a query that meets damaged pages is a UserError too, on leaving
+            return store.brick_measurements(fp, keys)
     except UserError:
         return {}  # a damaged database: every brick is measured; storing the record says why
-    if store is None:
-        return {}
-    with store:
-        return store.brick_measurements(fp, keys)
 
 
 def _measured_latency(request: RunRequest) -> dict[str, Any] | None:

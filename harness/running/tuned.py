@@ -34,12 +34,12 @@ def lookup(results_dir: Path, key: dict[str, str]) -> dict[str, Any] | None:
 
     try:
         store = result_store.ResultStore.reading(result_store.default_db_path(results_dir))
+        if store is None:
+            return None
+        with store:  # a query that meets damaged pages is a UserError too, on leaving
+            return store.get_tuned(key)
     except UserError:
         return None  # a damaged database holds no tuning; the run goes on and storing its record says why
-    if store is None:
-        return None
-    with store:
-        return store.get_tuned(key)
 
 
 def untuned_note(model: str, scenario: str, system_name: str) -> str:
