@@ -257,7 +257,7 @@ def test_the_same_index_must_be_below_the_sample_count(sets: list[str], count: i
     ("enable_trace", "1", True), ("enable_trace", "true", True), ("enable_trace", "YES", True),
     ("enable_trace", "On", True), ("enable_trace", True, True),
     ("enable_trace", "0", False), ("enable_trace", "false", False), ("enable_trace", "no", False),
-    ("enable_trace", False, False), ("enable_trace", "2", False),
+    ("enable_trace", False, False), ("endpoint_binary", "off", False), ("endpoint_model", " resnet ", "resnet"),
 ])
 def test_a_harness_value_is_read_as_its_kind(key: str, value: Any, expected: Any) -> None:
     settings = Settings(scenario="Offline", mode="performance", conf_model="m")
@@ -286,6 +286,10 @@ def test_a_harness_value_is_read_as_its_kind(key: str, value: Any, expected: Any
     ("load_timeout", "-1", "expected a number of seconds > 0, got -1"),
     ("load_timeout", "-inf", "expected a number of seconds, got '-inf'"),
     ("load_timeout", None, "expected a number of seconds, got None"),
+    ("enable_trace", "2", "expected true or false, got '2'"),  # a boolean never read as false by default
+    ("cuda_graphs", "maybe", "expected true or false, got 'maybe'"),
+    ("endpoint_model", "a/b", "expected a model name without '/', got 'a/b'"),
+    ("endpoint_timeout", "0", "expected a number of seconds > 0, got 0"),
 ])
 def test_a_bad_harness_value_is_one_line(key: str, value: Any, expected: str) -> None:
     settings = Settings(scenario="Offline", mode="performance", conf_model="m")
