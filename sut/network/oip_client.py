@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +80,13 @@ class HttpClient:
             raise self._error(status, body, f"model {model!r}")
         try:
             meta = json.loads(body)
-            return ModelInfo(meta.get("name", model), meta.get("platform", ""), list(meta.get("inputs", [])),
+            info = ModelInfo(meta.get("name", model), meta.get("platform", ""), list(meta.get("inputs", [])),
                              list(meta.get("outputs", [])))
-        except (ValueError, AttributeError) as exc:
+            # Read by name later (the request's input): a tensor without one is the server's fault, said here.
+            if not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in info.inputs + info.outputs):
+                raise ValueError("an input or output is not an object with a name")
+            return info
+        except (ValueError, AttributeError, TypeError) as exc:
             raise EndpointError(f"{self.endpoint.url}: model {model!r}: metadata is not the protocol's JSON: {exc}") from None
 
     async def server_name(self) -> str:
@@ -131,7 +136,8 @@ class HttpClient:
                 else:
                     outputs[out["name"]] = from_list(out["data"], out["datatype"], out["shape"])
             return InferReply(outputs, _timings(meta.get("parameters")))
-        except (ValueError, KeyError, TypeError, TensorError) as exc:
+        # AttributeError: JSON of the wrong shape (an output or the parameters not an object)
+        except (ValueError, KeyError, TypeError, AttributeError, TensorError) as exc:
             raise EndpointError(f"{self.endpoint.url}: the answer is not the protocol's: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
@@ -142,6 +148,9 @@ class GrpcClient:
     """The protocol over gRPC (inference.GRPCInferenceService), tensors as `raw_input_contents`."""
 
     def __init__(self, endpoint: Endpoint, connections: int, timeout_s: float):
+        # gRPC's core logs at INFO to stderr by default (a failed TLS handshake is a line of its own
+        # before ours): errors only, unless the user chose. Read once, when grpc is first imported.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         import grpc
 
         from mlharness.sut.network import oip_grpc
