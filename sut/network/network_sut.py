@@ -24,7 +24,7 @@ from mlharness.specs.manifests import TensorSpec
 from mlharness.sut.network.connection import EndpointConnection
 from mlharness.sut.network.oip_client import SERVER_TIMINGS, EndpointError
 from mlharness.sut.network.runtime import RawSamples
-from mlharness.sut.staging import SampleError
+from mlharness.sut.staging import SampleError, declared_text, got_text
 from mlharness.sut.system_under_test import FirstFailure, ResultContract
 
 
@@ -142,7 +142,12 @@ class NetworkSUT(FirstFailure):
             raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered outputs "
                                                    f"{sorted(outputs)}, not the declared result {name!r}")
         result = outputs[name]
-        self.contract.check(result, [index])
+        try:
+            self.contract.check(result, [index])
+        except SampleError:  # the server's answer (nothing postprocesses here): say so, naming it
+            raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered result {name!r} as "
+                                                   f"{got_text(result)}; the manifest declares "
+                                                   f"{declared_text(self.result_spec, 'row')}") from None
         if result.shape[0] != 1:
             raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered {result.shape[0]} "
                                                    "rows for one sample")
