@@ -28,6 +28,9 @@ class TensorMeta:
     name: str
     datatype: str
     shape: list[int]  # -1 for a dimension of any size
+    # True where the rank is not known (no sample to read it from): `shape` is then [-1], any rank.
+    # Otherwise [-1] is a rank-1 input, and a request of another rank is refused.
+    any_rank: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -47,7 +50,7 @@ def input_meta(served: ServedModel, raw_sample: np.ndarray | None) -> TensorMeta
     if raw_sample is not None:
         sample = np.asarray(raw_sample)
         return TensorMeta(spec.name, element_type_datatype(str(sample.dtype)), [-1] * (sample.ndim + 1))
-    return TensorMeta(spec.name, element_type_datatype(spec.element_type), [-1])
+    return TensorMeta(spec.name, element_type_datatype(spec.element_type), [-1], any_rank=True)
 
 
 def output_meta(served: ServedModel) -> TensorMeta:
@@ -70,7 +73,7 @@ def samples_of(tensors: dict[str, np.ndarray], expected: TensorMeta) -> list[np.
     got = datatype_of(array)
     if got != expected.datatype:
         raise ProtocolError(400, f"input {expected.name!r}: expected datatype {expected.datatype}, got {got}")
-    if len(expected.shape) > 1 and array.ndim != len(expected.shape) or array.ndim == 0:
+    if not expected.any_rank and array.ndim != len(expected.shape) or array.ndim == 0:
         raise ProtocolError(400, f"input {expected.name!r}: expected shape {expected.shape}, got {list(array.shape)}")
     if any(want not in (-1, have) for want, have in zip(expected.shape, array.shape)):
         raise ProtocolError(400, f"input {expected.name!r}: expected shape {expected.shape}, got {list(array.shape)}")
