@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -90,7 +90,10 @@ class HttpFront:
         length = int(request.headers.get("content-length") or 0)
         if length > self.max_body_bytes:
             raise ProtocolError(413, f"request body of {length} bytes is over the limit of {self.max_body_bytes}")
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # the client left mid-body: one line (the answer reaches nobody), no traceback
+            raise ProtocolError(400, "the client disconnected before sending the whole body") from None
         if len(body) > self.max_body_bytes:
             raise ProtocolError(413, f"request body of {len(body)} bytes is over the limit of {self.max_body_bytes}")
         header, tensors = self._decode(body, request.headers.get(BINARY_HEADER))
