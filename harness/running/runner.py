@@ -219,7 +219,8 @@ def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_
     """The settings with the tuned configuration stored for this model, system, backend and software
     (layer "tuned"), unless --no-tuned; without one, a note on how to tune (performance runs), to print
     once the run's inputs have proved good, and only the first time for this model, scenario and system
-    under this results folder. Nothing to tune: the null backend, a run against a server, an LLM."""
+    under this results folder. Nothing to tune: the null backend with no postprocess (the harness alone,
+    as the shipped null model), a run against a server (tuned on the server's side), an LLM."""
     from mlharness.running import tuned as tuning
     from mlharness.running.progress import quiet_from_env
 
@@ -231,7 +232,7 @@ def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_
     if found is not None:
         return prepare_settings(request, model, found), None
     if request.scenario not in tuning.TUNABLE_SCENARIOS or request.quiet or quiet_from_env() or \
-            backend == "null" or request.endpoint:
+            (backend == "null" and not model.postprocess) or request.endpoint:
         return settings, None
     return settings, tuning.untuned_note(model.name, request.scenario, system_name)
 
