@@ -10,9 +10,8 @@ The misbehaving servers live in this file: `python tests/test_network_faults.py 
 null model's metadata over HTTP (aiohttp) and gRPC (grpc.aio) on 127.0.0.1, answers every request
 well except every FAULTY_EVERY-th of LoadGen's (not the warm-up's), which gets FAULT.
 
-Two gaps are marked xfail until they are closed outside this file's reach: a failed sample does not
-end a Server test before its min_duration (the runner has no way to stop LoadGen), and an oversized
-gRPC request is refused by gRPC's core without a line in the server's log."""
+One gap is marked xfail: an oversized gRPC request is refused by gRPC's core (the server's
+max_receive_message_length) without a line in the server's log."""
 from __future__ import annotations
 
 import asyncio
@@ -422,12 +421,9 @@ def test_server_killed_mid_run_fails_the_run_naming_the_endpoint(tmp_path: Path,
     code, err = finish(run)
     line = assert_failed_in_loadgen(code, err, endpoint)
     assert re.search(r"refused|reset|closed|disconnect|unavailable|cannot connect", line, re.IGNORECASE), line
-    # Promptly: the run ended before LoadGen's test could (its results never logged). Until the runner
-    # can stop LoadGen when a SUT fails, a Server test runs out its min_duration, only unsent.
+    # Promptly: the run ended at the first failure, before LoadGen's test could (its results never logged).
     detail = loadgen_logs(kept_folder(line))[0].read_text(errors="replace")
-    if '"result_validity"' in detail:
-        pytest.xfail("LoadGen ran its whole test after the failure (min_duration); the runner has no way "
-                     "yet to stop LoadGen when a SUT fails")
+    assert '"result_validity"' not in detail, "LoadGen ran out its min_duration after the failure"
 
 
 # ---- mlharness serve, shared by the tests below ----------------------------------------------------------

@@ -546,7 +546,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
 
         sut = NetworkSUT(connection=runtime.backend, samples=runtime.staged, input_name=runtime.input_name,
                          result_spec=runtime.model.result or runtime.model.outputs[0],
-                         issue_lag_limit_ms=float(options["issue_lag_limit_ms"]), scenario=settings.scenario)
+                         issue_lag_limit_ms=float(options["issue_lag_limit_ms"]), scenario=settings.scenario,
+                         # the first failed request ends the run (its logs kept), not min_duration later
+                         on_failure=(lambda text: threading.Thread(target=guard.abort, args=(text, 1), daemon=True,
+                                                                   name="mlharness-endpoint-failed").start())
+                         if guard is not None else None)
         if facts is not None:
             facts.clear()
             facts.update(sut.describe())

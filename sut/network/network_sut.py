@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +39,8 @@ def _percentiles(values_ns: Sequence[int], scale: float = 1e6) -> dict[str, floa
 
 class NetworkSUT(FirstFailure):
     def __init__(self, *, connection: EndpointConnection, samples: RawSamples, input_name: str,
-                 result_spec: TensorSpec, issue_lag_limit_ms: float, scenario: str):
+                 result_spec: TensorSpec, issue_lag_limit_ms: float, scenario: str,
+                 on_failure: Callable[[str], None] | None = None):
         import mlperf_loadgen as lg
 
         self._lg = lg
@@ -47,6 +48,9 @@ class NetworkSUT(FirstFailure):
         self.result_spec = result_spec
         self.contract = ResultContract(result_spec)
         self.issue_lag_limit_ms = issue_lag_limit_ms
+        # Told once, at the first failure: a latency scenario would otherwise go on issuing (unsent)
+        # until its minimum duration; the runner ends the run from there.
+        self.on_failure, self._told = on_failure, False
         # Offline issues every sample at once and the client holds them for free slots by design:
         # only the other scenarios' lag says whether the client kept up with LoadGen.
         self.judge_lag = scenario != "Offline"
@@ -122,6 +126,7 @@ class NetworkSUT(FirstFailure):
                 self.failed_samples += 1
                 self._fail([index], "endpoint", exc if isinstance(exc, SampleError) else f"{exc}")
                 self._complete_empty(query_id)
+                self._tell_failure()
                 return
             except Exception as exc:  # noqa: BLE001 - a bug: kept with its traceback as the run's failure
                 self.failed_samples += 1
@@ -135,6 +140,11 @@ class NetworkSUT(FirstFailure):
         lg = self._lg
         lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, result.ctypes.data, result.nbytes)])
         self._completed += 1
+
+    def _tell_failure(self) -> None:
+        if self.on_failure is not None and not self._told:
+            self._told = True
+            self.on_failure(self.failure_text() or "a request failed")
 
     def _result(self, outputs: dict[str, np.ndarray], index: int) -> np.ndarray:
         name = self.result_spec.name
