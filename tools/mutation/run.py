@@ -26,8 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 OUT = REPO / "build" / "mutation"
 SCHEMA_VERSION = 1
-# The packages a run imports; copied whole into each module's tree next to the mutated file.
-PACKAGES = ["harness", "sut", "specs", "profiling", "scenarios", "native", "setup.py", "bench"]
+# The packages a run imports; copied whole into each module's tree next to the mutated file. The tree
+# holds the namespace as plain folders (mlharness/, mlharness/sut/, ...): mutmut names a mutant by its
+# file's path, and that must be the module's own name (mlharness.sut.x), which the tests import from
+# the tree (first on sys.path; the launcher puts it on a run's path) rather than the editable install.
+PACKAGES = ["mlharness", "native", "setup.py", "bench"]
+NAMESPACE = {"harness": "mlharness", "sut": "mlharness/sut", "specs": "mlharness/specs",
+             "profiling": "mlharness/profiling", "scenarios": "mlharness/scenarios"}
+
+
+def in_namespace(path: str) -> str:
+    """A checkout path (sut/x.py) as its place in the tree's namespace folders (mlharness/sut/x.py)."""
+    head, _, rest = path.partition("/")
+    return f"{NAMESPACE[head]}/{rest}" if head in NAMESPACE else path
 
 
 def file_of_test(test: str) -> str:
@@ -67,8 +78,12 @@ def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
     tests = [t for t in entry["tests"] if (tree / file_of_test(t)).is_file()]
     for built in (REPO / "sut").glob("_native*.so"):
         shutil.copy2(built, tree / "sut" / built.name)
+    # The namespace as plain folders beside the checkout's (tests read specs/ and the rest as data there).
+    shutil.copytree(tree / "harness", tree / "mlharness")
+    for folder in ("sut", "specs", "profiling", "scenarios"):
+        shutil.copytree(tree / folder, tree / NAMESPACE[folder])
     config = {
-        "source_paths": entry["files"],
+        "source_paths": [in_namespace(path) for path in entry["files"]],
         "also_copy": PACKAGES,
         "pytest_add_cli_args": ["-p", "mutation_bridge", *(f"--deselect={test}" for test in deselect)],
         "pytest_add_cli_args_test_selection": tests,
