@@ -134,7 +134,7 @@ def _http_app(plan: FaultPlan) -> Any:
 def _grpc_servicer(plan: FaultPlan) -> Any:
     m = oip_grpc.messages()
 
-    class Faulty(oip_grpc.services().GRPCInferenceServiceServicer):
+    class Faulty:
         async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 - the protocol's names
             return m.ServerMetadataResponse(name="fake-oip", version="0")
 
@@ -175,7 +175,7 @@ async def serve_faulty(fault: str) -> None:
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock, shutdown_timeout=0.1).start()  # a never-answered request holds no stop
     grpc_server = grpc.aio.server()
-    oip_grpc.services().add_GRPCInferenceServiceServicer_to_server(_grpc_servicer(plan), grpc_server)
+    oip_grpc.add_servicer(_grpc_servicer(plan), grpc_server)
     grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
     await grpc_server.start()
     stop = asyncio.Event()

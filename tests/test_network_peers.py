@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,3 +344,13 @@ def test_scalar_samples_reach_the_served_preprocess_as_scalars(specs_copy: Path,
     for i, (served_scores, local_scores) in scores.items():
         assert served_scores.shape == (3,), f"sample {i}"
         np.testing.assert_allclose(served_scores, local_scores, rtol=0, atol=1e-6, err_msg=f"sample {i}")
+
+
+def test_the_client_works_beside_tritonclient_in_one_process() -> None:
+    """tritonclient (like mlserver and kserve) registers the protocol's `inference.*` messages in
+    protobuf's default pool; mlharness' own are in a pool of their own, so both load in one process."""
+    code = ("import tritonclient.grpc\nfrom mlharness.sut.network import oip_grpc\n"
+            "request = oip_grpc.messages().ModelInferRequest(model_name='m', id='1')\n"
+            "print(type(request).FromString(request.SerializeToString()).model_name)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "m", done.stderr[-2000:]

@@ -8,10 +8,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from mlharness.serving.batcher import BadSample, DynamicBatcher
+from mlharness.serving.batcher import DynamicBatcher
 from mlharness.serving.http_app import log_refusal, server_version
-from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, check_requested_outputs, output_meta,
-                                        samples_of, timing_parameters)
+from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, answer_samples, check_requested_outputs,
+                                        output_meta, samples_of)
 from mlharness.sut.network import oip_grpc
 from mlharness.sut.network.tensors import TensorError, datatype_of, from_bytes
 
@@ -19,7 +19,9 @@ _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL}
 
 
-class GrpcFront(oip_grpc.services().GRPCInferenceServiceServicer):
+class GrpcFront:
+    """The protocol's methods (oip_grpc.add_servicer serves them by these names)."""
+
     def __init__(self, name: str, served: Any, batcher: DynamicBatcher, inputs: TensorMeta, metadata: dict[str, Any]):
         self.name, self.served, self.batcher, self.inputs, self.metadata = name, served, batcher, inputs, metadata
         self.m = oip_grpc.messages()
@@ -61,20 +63,14 @@ class GrpcFront(oip_grpc.services().GRPCInferenceServiceServicer):
                 raise ProtocolError(404, f"model {request.model_name!r} is not served here (serving {self.name!r})")
             samples = samples_of(self._tensors(request), self.inputs)
             check_requested_outputs([o.name for o in request.outputs], output_meta(self.served))
-            try:
-                answers = await self.batcher.infer(samples)
-            except BadSample as exc:
-                raise ProtocolError(400, str(exc)) from None
-            except RuntimeError as exc:
-                raise ProtocolError(500, str(exc)) from None
+            rows, timings = await answer_samples(self.batcher, samples)
         except ProtocolError as exc:
             await self._refuse(context, exc, "ModelInfer")
             raise AssertionError("unreachable: abort raises") from None
-        rows = np.concatenate([rows for rows, _ in answers]) if len(answers) > 1 else answers[0][0]
         reply = self.m.ModelInferResponse(model_name=self.name, model_version=self.served.model.version, id=request.id)
         reply.outputs.add(name=output_meta(self.served).name, datatype=datatype_of(rows), shape=list(rows.shape))
         reply.raw_output_contents.append(np.ascontiguousarray(rows).tobytes())
-        for key, value in timing_parameters([t for _, t in answers]).items():
+        for key, value in timings.items():
             reply.parameters[key].int64_param = value
         return reply
 

@@ -15,9 +15,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mlharness.serving.batcher import BadSample, DynamicBatcher
-from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, check_requested_outputs, model_metadata,
-                                        output_meta, samples_of, timing_parameters)
+from mlharness.serving.batcher import DynamicBatcher
+from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, answer_samples, check_requested_outputs,
+                                        output_meta, samples_of)
 from mlharness.sut.network.oip_client import BINARY_HEADER
 from mlharness.sut.network.tensors import TensorError, datatype_of, from_bytes, from_list
 
@@ -99,19 +99,13 @@ class HttpFront:
         header, tensors = self._decode(body, request.headers.get(BINARY_HEADER))
         samples = samples_of(tensors, self.inputs)
         check_requested_outputs([str(o.get("name")) for o in header.get("outputs") or []], output_meta(self.served))
-        try:
-            answers = await self.batcher.infer(samples)
-        except BadSample as exc:
-            raise ProtocolError(400, str(exc)) from None
-        except RuntimeError as exc:
-            raise ProtocolError(500, str(exc)) from None
-        rows = np.concatenate([rows for rows, _ in answers]) if len(answers) > 1 else answers[0][0]
+        rows, timings = await answer_samples(self.batcher, samples)
         binary = bool((header.get("parameters") or {}).get("binary_data_output")) or any(
             (o.get("parameters") or {}).get("binary_data") for o in header.get("outputs") or [])
         out = output_meta(self.served)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype_of(rows), "shape": list(rows.shape)}
         reply = {"model_name": self.name, "model_version": self.served.model.version, "id": header.get("id", ""),
-                 "parameters": timing_parameters([t for _, t in answers]), "outputs": [entry]}
+                 "parameters": timings, "outputs": [entry]}
         if not binary:
             entry["data"] = rows.ravel().tolist()
             return JSONResponse(reply)

@@ -90,6 +90,21 @@ def check_requested_outputs(names: list[str], served: TensorMeta) -> None:
                                  f"(it answers {served.name!r})")
 
 
+async def answer_samples(batcher: Any, samples: list[np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
+    """The samples through the batcher: their result rows in order, and the request's timings; a
+    sample the model refuses is the client's error (400), a failure of the model the server's (500)."""
+    from mlharness.serving.batcher import BadSample
+
+    try:
+        answers = await batcher.infer(samples)
+    except BadSample as exc:
+        raise ProtocolError(400, str(exc)) from None
+    except RuntimeError as exc:
+        raise ProtocolError(500, str(exc)) from None
+    rows = np.concatenate([rows for rows, _ in answers]) if len(answers) > 1 else answers[0][0]
+    return rows, timing_parameters([timings for _, timings in answers])
+
+
 def timing_parameters(timings: list[dict[str, float]]) -> dict[str, int]:
     """The server's timings of a request (us; the slowest of its samples), as response parameters."""
     keys = ("queue_us", "preprocess_us", "infer_us", "postprocess_us", "batch_size")

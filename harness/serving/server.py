@@ -93,7 +93,7 @@ async def serve(served: Any, name: str, raw_sample: np.ndarray | None, options: 
             host, port = _address(options.grpc, "--grpc", "grpc")
             grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", int(options.max_body_mb * (1 << 20))),
                                                    ("grpc.so_reuseport", 0)])
-            oip_grpc.services().add_GRPCInferenceServiceServicer_to_server(
+            oip_grpc.add_servicer(
                 GrpcFront(name, served, batcher, inputs, metadata), grpc_server)
             try:
                 bound_port = grpc_server.add_insecure_port(f"{host}:{port}")

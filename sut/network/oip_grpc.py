@@ -1,11 +1,15 @@
-"""The Open Inference Protocol's gRPC messages and service, generated from the shipped oip.proto when
-first used (grpc.protos_and_services, grpcio-tools): no generated code to keep in step with the
-protobuf runtime. Shared by the client (the network SUT) and the server (mlharness serve)."""
+"""The Open Inference Protocol's gRPC messages and service, compiled from the shipped oip.proto when
+first used (grpcio-tools' protoc) into a descriptor pool of mlharness' own: other clients of this
+protocol in the same process (tritonclient, mlserver, kserve) register the same `inference.*` names in
+protobuf's default pool, where a second registration fails. The stub and the servicer's handlers are
+built from the method table with grpc's generic API. Shared by the client (the network SUT) and the
+server (mlharness serve)."""
 from __future__ import annotations
 
 import functools
-import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,33 +18,69 @@ from mlharness.errors import require
 from mlharness.sut.network.tensors import CONTENTS_FIELD, dtype_of
 
 PROTO = Path(__file__).with_name("oip.proto")
-SERVICE = "inference.GRPCInferenceService"
+PACKAGE = "inference"
+SERVICE = f"{PACKAGE}.GRPCInferenceService"
+# method -> (request message, response message), as oip.proto declares them
+METHODS = {name: (f"{name}Request", f"{name}Response")
+           for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")}
 
 
 @functools.lru_cache(maxsize=1)
-def _generated() -> tuple[Any, Any]:
-    grpc = require("grpc", "network", "the Open Inference Protocol over gRPC")
+def _pool() -> Any:
     require("grpc_tools", "network", "the Open Inference Protocol's gRPC messages")
-    # protos_and_services resolves the file against sys.path: put its folder there for the call.
-    sys.path.insert(0, str(PROTO.parent))
-    try:
-        return grpc.protos_and_services(PROTO.name)
-    finally:
-        sys.path.remove(str(PROTO.parent))
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory(prefix="mlharness-oip-") as folder:
+        compiled = Path(folder) / "oip.desc"
+        status = protoc.main(["protoc", f"-I{PROTO.parent}", f"--descriptor_set_out={compiled}", PROTO.name])
+        if status != 0 or not compiled.is_file():
+            raise RuntimeError(f"protoc could not compile {PROTO} (exit {status})")
+        files = descriptor_pb2.FileDescriptorSet.FromString(compiled.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        pool.Add(file)
+    return pool
+
+
+@functools.lru_cache(maxsize=None)
+def _message(name: str) -> Any:
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(_pool().FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+
+class _Messages:
+    """The message classes by name: messages().ModelInferRequest, ..."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return _message(name)
+        except KeyError:
+            raise AttributeError(f"oip.proto has no message {name!r}") from None
 
 
 def messages() -> Any:
-    """The module of generated message classes (ModelInferRequest, ...)."""
-    return _generated()[0]
-
-
-def services() -> Any:
-    """The module of the generated stub and servicer (GRPCInferenceServiceStub, ...)."""
-    return _generated()[1]
+    return _Messages()
 
 
 def stub(channel: Any) -> Any:
-    return services().GRPCInferenceServiceStub(channel)
+    """A stub of the service over `channel` (grpc or grpc.aio): one callable per method."""
+    require("grpc", "network", "the Open Inference Protocol over gRPC")
+    return SimpleNamespace(**{
+        name: channel.unary_unary(f"/{SERVICE}/{name}", request_serializer=_message(request).SerializeToString,
+                                  response_deserializer=_message(response).FromString)
+        for name, (request, response) in METHODS.items()})
+
+
+def add_servicer(servicer: Any, server: Any) -> None:
+    """Serve `servicer`'s methods (named as the protocol names them, sync or async) on `server`."""
+    grpc = require("grpc", "network", "the Open Inference Protocol over gRPC")
+    handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(servicer, name),
+                                                          request_deserializer=_message(request).FromString,
+                                                          response_serializer=_message(response).SerializeToString)
+                for name, (request, response) in METHODS.items() if hasattr(servicer, name)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
 def tensor_from_contents(contents: Any, datatype: str, shape: list[int]) -> np.ndarray:
