@@ -13,7 +13,7 @@ from mlharness.serving.http_app import log_refusal, server_version
 from mlharness.serving.protocol import (EXTENSIONS, ProtocolError, TensorMeta, answer_samples, check_requested_outputs,
                                         output_meta, samples_of)
 from mlharness.sut.network import oip_grpc
-from mlharness.sut.network.tensors import TensorError, datatype_of, from_bytes
+from mlharness.sut.network.tensors import TensorError, datatype_of
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL}
@@ -76,12 +76,6 @@ class GrpcFront:
 
     def _tensors(self, request: Any) -> dict[str, np.ndarray]:
         try:
-            tensors = {}
-            for i, item in enumerate(request.inputs):
-                if i < len(request.raw_input_contents):
-                    tensors[item.name] = from_bytes(request.raw_input_contents[i], item.datatype, list(item.shape))
-                else:
-                    tensors[item.name] = oip_grpc.tensor_from_contents(item.contents, item.datatype, list(item.shape))
-            return tensors
+            return oip_grpc.tensors_of(request.inputs, request.raw_input_contents)
         except (TensorError, ValueError) as exc:
             raise ProtocolError(400, f"malformed request: {exc}") from None

@@ -198,15 +198,10 @@ class GrpcClient:
         return self._decode(reply)
 
     def _decode(self, reply: Any) -> InferReply:
-        from mlharness.sut.network.oip_grpc import tensor_from_contents
+        from mlharness.sut.network.oip_grpc import tensors_of
 
         try:
-            outputs = {}
-            for i, out in enumerate(reply.outputs):
-                if i < len(reply.raw_output_contents):
-                    outputs[out.name] = from_bytes(reply.raw_output_contents[i], out.datatype, list(out.shape))
-                else:
-                    outputs[out.name] = tensor_from_contents(out.contents, out.datatype, list(out.shape))
+            outputs = tensors_of(reply.outputs, reply.raw_output_contents)
             server = {k: float(p.int64_param or p.string_param or 0) for k, p in reply.parameters.items()
                       if k in SERVER_TIMINGS}
             return InferReply(outputs, server)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mlharness.errors import require
-from mlharness.sut.network.tensors import CONTENTS_FIELD, dtype_of
+from mlharness.sut.network.tensors import CONTENTS_FIELD, dtype_of, from_bytes
 
 PROTO = Path(__file__).with_name("oip.proto")
 PACKAGE = "inference"
@@ -92,3 +92,14 @@ def tensor_from_contents(contents: Any, datatype: str, shape: list[int]) -> np.n
     if values.size != int(np.prod(shape, dtype=np.int64)):
         raise ValueError(f"{values.size} values for a {datatype} tensor of shape {shape}")
     return values.reshape(shape)
+
+
+def tensors_of(items: Any, raw: Any) -> dict[str, np.ndarray]:
+    """A request's inputs or a reply's outputs by name: each from its raw bytes where the peer sent
+    them (in the same order), else from its typed contents. Raises TensorError or ValueError."""
+    tensors = {}
+    for i, item in enumerate(items):
+        shape = list(item.shape)
+        tensors[item.name] = from_bytes(raw[i], item.datatype, shape) if i < len(raw) else \
+            tensor_from_contents(item.contents, item.datatype, shape)
+    return tensors
