@@ -25,8 +25,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        scheme = {("grpc", False): "grpc", ("grpc", True): "grpcs", ("http", False): "http",
-                  ("http", True): "https"}[(self.protocol, self.tls)]
+        scheme = f"{self.protocol}s" if self.tls else self.protocol  # grpcs, https: as SCHEMES reads them
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}{self.path}"
 

@@ -535,13 +535,15 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     log_settings.log_output.copy_summary_to_stdout = False
     log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
     options = _harness_options(settings, runtime.model)
-    issue_queue, issue_path = load_issue_queue(settings.scenario)
-    service_ms = full_batch_service_ms(cold_start or {}, int(options["max_batch_size"]))
     generative = getattr(runtime, "generative", False)
-    wait = batch_wait_bound(settings, options, service_ms) if not generative else {"batch_wait_ms": 0.0}
-    if facts is not None:
+    network = getattr(runtime, "network", False)
+    # A run against a server has no issue queue and no batch wait here: the server batches.
+    issue_queue, issue_path = load_issue_queue(settings.scenario) if not network else (None, "network")
+    service_ms = full_batch_service_ms(cold_start or {}, int(options["max_batch_size"]))
+    wait = batch_wait_bound(settings, options, service_ms) if not (generative or network) else {"batch_wait_ms": 0.0}
+    if facts is not None and not network:
         facts.update(issue_path=issue_path, **wait)
-    if getattr(runtime, "network", False):  # the query dispatch library of a run against a server
+    if network:  # the query dispatch library of a run against a server
         from mlharness.sut.network.network_sut import NetworkSUT
 
         sut = NetworkSUT(connection=runtime.backend, samples=runtime.staged, input_name=runtime.input_name,
@@ -552,7 +554,6 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                                                                    name="mlharness-endpoint-failed").start())
                          if guard is not None else None)
         if facts is not None:
-            facts.clear()
             facts.update(sut.describe())
     elif generative:  # LoadGen's token mode: FirstTokenComplete, n_tokens (issue 19)
         from mlharness.sut.llm.token_sut import TokenStreamingSUT

@@ -69,12 +69,12 @@ class DynamicBatcher:
         started = time.perf_counter()
         try:
             answer = self.served.infer([p.sample for p in batch])
-        except Exception:  # noqa: BLE001 - one bad sample must not fail the others: each alone
+        except Exception as exc:  # noqa: BLE001 - one bad sample must not fail the others: each alone
             if len(batch) > 1:
                 for pending in batch:
                     self._run([pending])
                 return
-            self._answer_error(batch[0], *self._error_of(batch[0]))
+            self._answer_error(batch[0], *_error_kind(exc))
             return
         self.batches += 1
         self.samples += len(batch)
@@ -83,21 +83,19 @@ class DynamicBatcher:
                        "infer_us": answer.infer_us, "postprocess_us": answer.postprocess_us, "batch_size": len(batch)}
             self.loop.call_soon_threadsafe(_resolve, pending.future, (answer.rows[position:position + 1], timings))
 
-    def _error_of(self, pending: _Pending) -> tuple[type[Exception], str]:
-        try:
-            self.served.infer([pending.sample])
-        except SampleError as exc:
-            return BadSample, str(exc).partition(": ")[2] or str(exc)
-        except Exception as exc:  # noqa: BLE001 - the backend or a bug: a server error, named
-            return RuntimeError, f"{type(exc).__name__}: {exc}"
-        return RuntimeError, "the batch failed, this sample alone did not"
-
     def _answer_error(self, pending: _Pending, kind: type[Exception], message: str) -> None:
         self.loop.call_soon_threadsafe(_fail, pending.future, kind(message))
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10.0)
+
+
+def _error_kind(exc: Exception) -> tuple[type[Exception], str]:
+    """A sample's failure, run alone: the client's (the model's processing refused it) or the server's."""
+    if isinstance(exc, SampleError):
+        return BadSample, str(exc).partition(": ")[2] or str(exc)
+    return RuntimeError, f"{type(exc).__name__}: {exc}"
 
 
 def _resolve(future: asyncio.Future, value: Any) -> None:

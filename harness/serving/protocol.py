@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mlharness.sut.network.tensors import element_type_datatype
+from mlharness.sut.network.tensors import datatype_of, element_type_datatype
 from mlharness.sut.served_model import ServedModel
 
 PROTOCOL_VERSION = "2"
@@ -68,8 +68,6 @@ def samples_of(tensors: dict[str, np.ndarray], expected: TensorMeta) -> list[np.
     if list(tensors) != [expected.name]:
         raise ProtocolError(400, f"expected one input named {expected.name!r}, got {sorted(tensors)}")
     array = tensors[expected.name]
-    from mlharness.sut.network.tensors import datatype_of
-
     got = datatype_of(array)
     if got != expected.datatype:
         raise ProtocolError(400, f"input {expected.name!r}: expected datatype {expected.datatype}, got {got}")

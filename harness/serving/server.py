@@ -41,14 +41,11 @@ def probe_raw_sample(model: Any, dataset: Any) -> np.ndarray | None:
     """One raw sample of the model's own dataset (what a client will send), for the input's metadata;
     None where the dataset cannot be loaded here."""
     try:
-        from mlharness.sut.processing import ProcessingContext, compile_function
-        from mlharness.sut.runtime import enumerate_samples, resolve_sources
+        from mlharness.sut.network.runtime import open_raw_samples
 
-        ctx = ProcessingContext(attributes=dict(model.attributes), sources=dict(resolve_sources(dataset)), model=model,
-                                dataset=dataset)
-        sample = enumerate_samples(dataset, ctx, 1)[0][0]
-        load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
-        return np.asarray(load(sample, ctx) if load else sample)
+        samples, _ = open_raw_samples(model, dataset, 1)
+        samples.load_samples([0])
+        return samples.get(0)[0]  # as the client sends it, less the batch dim of one
     except Exception:  # noqa: BLE001 - only the metadata's datatype depends on it
         return None
 

@@ -178,11 +178,6 @@ class NetworkSUT(FirstFailure):
             except EndpointError:
                 pass
 
-    def fail_staging(self, exc: BaseException) -> None:
-        with self._fail_lock:
-            if self.failure is None:
-                self.failure = exc
-
     # ---- what the run records ----
 
     def describe(self) -> dict[str, Any]:

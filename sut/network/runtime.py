@@ -25,7 +25,7 @@ class RawSamples:
     and UnloadQuerySamples; each becomes the request's one input."""
 
     def __init__(self, items: Sequence[tuple[Any, Any]], load: Any, ctx: ProcessingContext):
-        self._items, self._load, self._ctx = items, load, ctx
+        self._items, self._load, self.ctx = items, load, ctx  # ctx: what the loader is given
         self._loaded: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -37,7 +37,7 @@ class RawSamples:
                 continue
             sample = self._items[index][0]
             try:
-                raw = self._load(sample, self._ctx) if self._load else sample
+                raw = self._load(sample, self.ctx) if self._load else sample
             except Exception as exc:  # noqa: BLE001 - the user's load function, named with its sample
                 raise SampleError([index], "load", exc) from None
             array = np.asarray(raw)  # a scalar stays 0-d (np.ascontiguousarray makes it [1])
@@ -60,6 +60,16 @@ class RawSamples:
 
     def labels(self) -> list[Any]:
         return [label for _, label in self._items]
+
+
+def open_raw_samples(model: ModelManifest, dataset: DatasetManifest, limit: int = 0) -> tuple[RawSamples, dict[str, Any]]:
+    """The dataset's samples as a client sends them (its sources resolved, its pairs enumerated, its
+    loader compiled, in the model's context; nothing preprocessed), and the resolved sources."""
+    sources = resolve_sources(dataset)
+    ctx = ProcessingContext(attributes=dict(model.attributes), sources=dict(sources), model=model, dataset=dataset)
+    items = enumerate_samples(dataset, ctx, limit)
+    load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
+    return RawSamples(items, load, ctx), sources
 
 
 @dataclass
@@ -87,11 +97,7 @@ def build_endpoint_runtime(model: ModelManifest, dataset: DatasetManifest, endpo
     model and takes the sample input it declares; each phase timed into cold_start."""
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    dataset_sources = resolve_sources(dataset)
-    ctx = ProcessingContext(attributes=dict(model.attributes), sources=dict(dataset_sources), model=model,
-                            dataset=dataset)
-    items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
-    load = compile_function(dataset.load, "load", str(dataset.path)) if dataset.load else None
+    samples, dataset_sources = open_raw_samples(model, dataset, int(options.get("dataset_limit") or 0))
     seconds["enumerate_seconds"] = time.perf_counter() - started
     started = time.perf_counter()
     connection = EndpointConnection(endpoint, str(options.get("endpoint_model") or model.name),
@@ -106,7 +112,7 @@ def build_endpoint_runtime(model: ModelManifest, dataset: DatasetManifest, endpo
         connection.close()
         raise
     seconds["connect_seconds"] = time.perf_counter() - started
-    return EndpointRuntime(model, dataset, connection, RawSamples(items, load, ctx), ctx, info.inputs[0]["name"],
+    return EndpointRuntime(model, dataset, connection, samples, samples.ctx, info.inputs[0]["name"],
                            describe_sources(dataset, dataset_sources), seconds)
 
 
