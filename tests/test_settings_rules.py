@@ -288,7 +288,7 @@ def test_a_harness_value_is_read_as_its_kind(key: str, value: Any, expected: Any
     ("load_timeout", None, "expected a number of seconds, got None"),
     ("enable_trace", "2", "expected true or false, got '2'"),  # a boolean never read as false by default
     ("cuda_graphs", "maybe", "expected true or false, got 'maybe'"),
-    ("endpoint_model", "a/b", "expected a model name without '/', got 'a/b'"),
+    ("endpoint_model", "a b", "expected a model name without spaces, got 'a b'"),
     ("endpoint_timeout", "0", "expected a number of seconds > 0, got 0"),
 ])
 def test_a_bad_harness_value_is_one_line(key: str, value: Any, expected: str) -> None:

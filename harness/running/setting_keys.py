@@ -29,7 +29,8 @@ HARNESS_KEYS = frozenset({"max_batch_size", "workers", "intra_op_threads", "inte
                           "llm_batching",  # llm_batching: a generative model's scheduling (docs/llm.md)
                           # a run against a server (--endpoint, docs/network.md)
                           "endpoint_model", "endpoint_concurrency", "endpoint_timeout", "endpoint_connect_timeout",
-                          "endpoint_binary", "issue_lag_limit_ms"})
+                          "endpoint_binary", "issue_lag_limit_ms", "endpoint_api", "endpoint_token_count",
+                          "endpoint_retries"})
 
 SETTING_KEYS = sorted(LOADGEN_KEYS | HARNESS_KEYS)
 SCOPES = ("*", *SCENARIOS)  # what settings are scoped by in the YAML that carries them: every scenario, or one

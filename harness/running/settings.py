@@ -19,7 +19,10 @@ from mlharness.specs.validation import load_yaml
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
                                            "execution_mode": ("sequential", "parallel"),
                                            # a generative model's scheduling in Offline and Server (mlharness.sut.llm.token_sut)
-                                           "llm_batching": ("continuous", "static")}
+                                           "llm_batching": ("continuous", "static"),
+                                           # a run against an OpenAI-compatible server (mlharness.sut.network.token_exchange)
+                                           "endpoint_api": ("auto", "chat", "completions"),
+                                           "endpoint_token_count": ("server", "client")}
 # Defaults of the harness keys that have one outside the model manifest (see README: harness keys).
 HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_seconds": 0.0, "load_timeout": 600.0,
                                     "batch_wait_ms": 0.0, "llm_batching": "continuous",
@@ -28,13 +31,14 @@ HARNESS_DEFAULTS: dict[str, Any] = {"workers": 1, "warmup_queries": 4, "warmup_s
                                     # a run against a server (mlharness.sut.network, docs/network.md)
                                     "endpoint_concurrency": 64, "endpoint_timeout": 30.0,
                                     "endpoint_connect_timeout": 10.0, "endpoint_binary": True,
-                                    "issue_lag_limit_ms": 2.0}
+                                    "issue_lag_limit_ms": 2.0, "endpoint_api": "auto", "endpoint_token_count": "server",
+                                    "endpoint_retries": 3}
 _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms", "endpoint_timeout",
                          "endpoint_connect_timeout", "issue_lag_limit_ms"})
 _BOOLEAN_KEYS = frozenset({"enable_trace", "cuda_graphs", "endpoint_binary"})
-_TEXT_KEYS = frozenset({"endpoint_model"})  # a name the server knows the model by
+_TEXT_KEYS = frozenset({"endpoint_model"})  # a name the server knows the model by ("org/name" on vLLM)
 _ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
-                           "batch_wait_ms", "postprocess_group_rows"})
+                           "batch_wait_ms", "postprocess_group_rows", "endpoint_retries"})
 # What a submission must not override (checked by the packager and recorded here).
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",
@@ -97,8 +101,8 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
         return text in ("1", "true", "yes", "on")
     if key in _TEXT_KEYS:
         text = str(value).strip()
-        if not text or "/" in text:
-            raise UserError(f"{where}: {key}: expected a model name without '/', got {value!r}")
+        if not text or any(c.isspace() for c in text):
+            raise UserError(f"{where}: {key}: expected a model name without spaces, got {value!r}")
         return text
     kind = "a number of seconds" if key in _FLOAT_KEYS else "an integer"
     try:

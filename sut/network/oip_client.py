@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class HttpClient:
         return EndpointError(f"{self.endpoint.url}: {what}: HTTP {status}: {str(message).strip()}")
 
     async def model_info(self, model: str) -> ModelInfo:
-        status, _, body = await self._call("GET", f"/v2/models/{model}")
+        status, _, body = await self._call("GET", f"/v2/models/{quote(model, safe='')}")
         if status != 200:
             raise self._error(status, body, f"model {model!r}")
         try:
@@ -115,7 +116,7 @@ class HttpClient:
                 header["inputs"].append({"name": name, "shape": list(array.shape), "datatype": datatype_of(array),
                                          "data": array.ravel().tolist()})
             body, headers = json.dumps(header).encode(), {"Content-Type": "application/json"}
-        status, reply_headers, reply = await self._call("POST", f"/v2/models/{model}/infer", data=body, headers=headers)
+        status, reply_headers, reply = await self._call("POST", f"/v2/models/{quote(model, safe='')}/infer", data=body, headers=headers)
         if status != 200:
             raise self._error(status, reply, f"infer on model {model!r}")
         return self._decode(reply, reply_headers)
