@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlharness.atomic_io import write_json, write_text
+from mlharness.cluster.address import DEFAULT_CONNECT_TIMEOUT_S, parse_cluster_address, probe
 from mlharness.errors import UserError, require
 from mlharness.running.launcher import Outcome, store_record
 from mlharness.running.request import RunRequest
@@ -198,20 +199,23 @@ def _task(ray: Any) -> Any:
 
 # ---- connecting ------------------------------------------------------------------------------------
 
-def connect(address: str) -> str:
+def connect(address: str, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> str:
     """Connect this process to a Ray cluster: `ray` joins the local cluster (RAY_ADDRESS, or one
     started on this machine by `ray start`/`mlharness node`) or starts one here advertising this
     machine; `ray://HOST:PORT` (Ray Client) or `HOST:PORT` (a cluster this machine is a node of)
-    connects to that one. Returns a description of the cluster for the sweep's first line."""
+    connects to that one. The address's form is checked and its port probed (within `timeout_s`)
+    before Ray is touched. Returns a description of the cluster for the sweep's first line."""
+    target = parse_cluster_address(address)
     ray = require_ray()
+    environment = os.environ.get("RAY_ADDRESS", "").strip()
+    if target.local and environment not in ("", "auto", "local"):
+        probe(parse_cluster_address(environment, "RAY_ADDRESS (for --cluster ray)"), timeout_s, "RAY_ADDRESS")
+    probe(target, timeout_s)
     if ray.is_initialized():
         return "the connected Ray cluster"
     quiet = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
-    address = address.strip()
-    if not address:
-        raise UserError("--cluster: expected ray, ray://HOST:PORT or HOST:PORT, got nothing")
     try:
-        if address == "ray":
+        if target.local:
             try:
                 ray.init(address="auto", **quiet)
                 return "the local Ray cluster"
@@ -222,15 +226,13 @@ def connect(address: str) -> str:
                 ray.init(resources=node_resources(detect_system(), socket.gethostname()), include_dashboard=False,
                          **quiet)
                 return "a Ray cluster started here (this machine its one node)"
-        if not address.startswith("ray://") and ":" not in address:
-            raise UserError(f"--cluster: expected ray, ray://HOST:PORT or HOST:PORT, got {address!r}")
-        ray.init(address=address, **quiet)
-        return f"the Ray cluster at {address}"
+        ray.init(address=target.text, **quiet)
+        return f"the Ray cluster at {target.text}"
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, grpc errors: one line each
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--cluster {address}: cannot connect to the Ray cluster: {first}") from None
+        raise UserError(f"--cluster {target.text}: cannot connect to the Ray cluster: {first}") from None
 
 
 def disconnect() -> None:

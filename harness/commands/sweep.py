@@ -5,6 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
+from mlharness.cluster.address import DEFAULT_CONNECT_TIMEOUT_S
 from mlharness.commands.results import add_db_arguments
 from mlharness.errors import UserError
 
@@ -18,13 +19,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UserError(f"--repeat: expected a number of runs per cell >= 1, got {args.repeat}")
     if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan fails this too
         raise UserError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
+    if not 0 < args.connect_timeout < math.inf:
+        raise UserError(f"--connect-timeout: expected a number of seconds > 0, got {args.connect_timeout}")
     options = SweepOptions(results_dir=Path(args.results_dir), db_path=resolve_db_path(args.db, args.results_dir),
                            sweep_id=args.sweep_id, rerun=args.rerun, retry_failed=args.retry_failed,
                            repeat=args.repeat, timeout_s=args.timeout, quick=True if args.quick else None,
                            extra_settings=args.set or [], dry_run=args.dry_run, quiet=args.quiet)
     runner = None
     if args.cluster and not args.dry_run:
-        runner = _cluster_runner(args.cluster)
+        runner = _cluster_runner(args.cluster, args.connect_timeout)
     try:
         result = run_sweep(Path(args.grid), options, cells_runner=runner)
     finally:
@@ -44,13 +47,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
-def _cluster_runner(address: str):  # noqa: ANN202 - mlharness.cluster.scheduler.run_cells
-    """--cluster: connect to the Ray cluster (a one-line error without the `cluster` extra)."""
+def _cluster_runner(address: str, timeout_s: float):  # noqa: ANN202 - mlharness.cluster.scheduler.run_cells
+    """--cluster: connect to the Ray cluster (a one-line error without the `cluster` extra, or for an
+    address of the wrong form or where nothing answers within --connect-timeout)."""
     import sys
 
     from mlharness.cluster.ray_launcher import connect
 
-    print(f"cluster: {connect(address)}", file=sys.stderr)
+    print(f"cluster: {connect(address, timeout_s)}", file=sys.stderr)
     from mlharness.cluster.scheduler import run_cells
 
     return run_cells
@@ -73,5 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--cluster", metavar="ADDRESS",
                        help="run the cells on a Ray cluster: ray (the local one, started if none), ray://HOST:PORT "
                             "or HOST:PORT; nodes join with `mlharness node` (docs/cluster.md; needs mlharness[cluster])")
+    sweep.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="SECONDS",
+                       help="with --cluster: seconds to wait for the cluster's port to answer before giving up "
+                            f"(default {DEFAULT_CONNECT_TIMEOUT_S:g})")
     add_db_arguments(sweep)
     sweep.set_defaults(func=cmd_sweep)

