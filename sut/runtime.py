@@ -60,6 +60,11 @@ def describe_sources(manifest: Any, paths: dict[str, Path]) -> dict[str, dict[st
 
 
 def enumerate_samples(dataset: DatasetManifest, ctx: ProcessingContext, limit: int = 0) -> list[tuple[Any, Any]]:
+    """The dataset's (sample, label) pairs, the first `limit` of them (0: all). A limit past the declared
+    count is refused before any is read: a run over fewer samples than asked must not pass for one."""
+    if limit > dataset.sample_count:
+        raise UserError(f"dataset_limit {limit}: {dataset.path} has {dataset.sample_count} samples; expected a "
+                        f"limit from 1 to {dataset.sample_count}, or none for the whole dataset")
     samples = compile_function(dataset.samples, "samples", str(dataset.path))
     try:
         items = list(samples(ctx))

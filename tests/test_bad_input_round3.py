@@ -101,3 +101,29 @@ def test_connect_timeout_out_of_range_is_refused(grid: Path, tmp_path: Path, val
     code, _, err = cli("sweep", grid, "--cluster", "ray", "--connect-timeout", value, timeout=60)
     assert code == 1
     assert one_line(err) == f"--connect-timeout: expected a number of seconds > 0, got {float(value)}"
+
+
+# ---- 2. dataset_limit: 0 and a limit past the dataset ------------------------------------------------
+
+def test_dataset_limit_zero_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """0 read as "no limit" without a word; unset is "all", so 0 is a mistake (documented: README)."""
+    code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "dataset_limit=0",
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    assert one_line(err) == ("--set dataset_limit=0: dataset_limit: expected an integer >= 1 (the first N samples of "
+                             "the dataset; leave it unset for all of them), got 0")
+    assert not (tmp_path / "results").exists()
+
+
+def test_dataset_limit_past_the_dataset_is_refused_naming_the_dataset(tmp_path: Path) -> None:
+    """A run over the 1024 samples of null-samples passed for one over the 1025 asked."""
+    code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "dataset_limit=1025",
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    dataset = REPO / "specs" / "datasets" / "null-samples.yaml"
+    assert one_line(err).startswith(f"run failed: dataset_limit 1025: {dataset} has 1024 samples; expected a limit "
+                                    f"from 1 to 1024, or none for the whole dataset (logs kept in ")
+    assert not list((tmp_path / "results").glob("*/null/Offline/runs/*"))
+    code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "dataset_limit=1024",
+                       "--results-dir", tmp_path / "results")
+    assert code == 0, err

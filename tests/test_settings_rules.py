@@ -250,7 +250,7 @@ def test_the_same_index_must_be_below_the_sample_count(sets: list[str], count: i
 @pytest.mark.parametrize("key, value, expected", [
     ("max_batch_size", "4", 4), ("max_batch_size", 4, 4), ("max_batch_size", "1", 1),
     ("workers", "2", 2), ("workers", 1, 1),
-    ("intra_op_threads", "0", 0), ("inter_op_threads", 3, 3), ("dataset_limit", "0", 0), ("dataset_limit", "10", 10),
+    ("intra_op_threads", "0", 0), ("inter_op_threads", 3, 3), ("dataset_limit", "1", 1), ("dataset_limit", "10", 10),
     ("warmup_queries", "0", 0), ("warmup_queries", "4", 4),
     ("warmup_seconds", "0", 0.0), ("warmup_seconds", "1.5", 1.5), ("warmup_seconds", 2, 2.0),
     ("load_timeout", "0.5", 0.5), ("load_timeout", "600", 600.0),
@@ -276,7 +276,10 @@ def test_a_harness_value_is_read_as_its_kind(key: str, value: Any, expected: Any
     ("workers", "0", "expected an integer >= 1, got 0"),
     ("intra_op_threads", "-1", "expected an integer >= 0, got -1"),
     ("inter_op_threads", "x", "expected an integer, got 'x'"),
-    ("dataset_limit", "-1", "expected an integer >= 0, got -1"),
+    ("dataset_limit", "-1", "expected an integer >= 1 (the first N samples of the dataset; leave it unset for all of "
+                            "them), got -1"),
+    ("dataset_limit", "0", "expected an integer >= 1 (the first N samples of the dataset; leave it unset for all of "
+                           "them), got 0"),
     ("warmup_queries", "-1", "expected an integer >= 0, got -1"),
     ("warmup_seconds", "-0.5", "expected a number of seconds >= 0, got -0.5"),
     ("warmup_seconds", "soon", "expected a number of seconds, got 'soon'"),

@@ -37,8 +37,10 @@ _FLOAT_KEYS = frozenset({"warmup_seconds", "load_timeout", "batch_wait_ms", "end
                          "endpoint_connect_timeout", "issue_lag_limit_ms"})
 _BOOLEAN_KEYS = frozenset({"enable_trace", "cuda_graphs", "endpoint_binary"})
 _TEXT_KEYS = frozenset({"endpoint_model"})  # a name the server knows the model by ("org/name" on vLLM)
-_ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "dataset_limit", "warmup_queries", "warmup_seconds",
+_ZERO_OK_KEYS = frozenset({"intra_op_threads", "inter_op_threads", "warmup_queries", "warmup_seconds",
                            "batch_wait_ms", "postprocess_group_rows", "endpoint_retries"})
+# What a value below the minimum means to a user who typed it (dataset_limit=0 is not "all": it is unset).
+_MINIMUM_NOTES = {"dataset_limit": " (the first N samples of the dataset; leave it unset for all of them)"}
 # What a submission must not override (checked by the packager and recorded here).
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",
@@ -117,7 +119,7 @@ def _harness_value(key: str, value: Any, where: str) -> Any:
     elif key in _FLOAT_KEYS and number <= 0:
         raise UserError(f"{where}: {key}: expected {kind} > 0, got {value}")
     elif key not in _FLOAT_KEYS and number < 1:
-        raise UserError(f"{where}: {key}: expected {kind} >= 1, got {value}")
+        raise UserError(f"{where}: {key}: expected {kind} >= 1{_MINIMUM_NOTES.get(key, '')}, got {value}")
     return number
 
 
