@@ -65,6 +65,10 @@ def format_summary(record) -> str:
         lines.extend(token_lines(perf))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
     lines.extend(_cold_start_lines(record.cold_start or {}))
     for mode, logged in record.loadgen.items():
+        if mode == "accuracy":  # a performance test's counts are printed with its figures above
+            from mlharness.records.token_metrics import token_count_lines
+
+            lines.extend(token_count_lines(logged.get("summary") or {}, mode))
         lines.extend(_network_lines(mode, (logged.get("sut") or {}).get("network")))
         for error in logged.get("errors", [])[:3]:
             lines.append(f"  LoadGen error ({mode}) : {error[:160]}")

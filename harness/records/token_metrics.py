@@ -154,11 +154,24 @@ def summary_lines(performance: Mapping[str, Any]) -> list[str]:
               if isinstance(performance.get(f"{name}_share"), (int, float))]
     if shares:
         lines.append(f"  time per sample (SUT) : {', '.join(shares)}")
+    lines.extend(token_count_lines(performance))
     if isinstance(performance.get("goodput_fraction"), (int, float)):
         lines.append(f"  goodput ({performance.get('goodput_limits', 'the limits')}) : "
                      f"{100 * performance['goodput_fraction']:.1f}% of samples, "
                      f"{performance['goodput_samples_per_second']:.2f} samples/s")
     return lines
+
+
+def token_count_lines(summary: Mapping[str, Any], mode: str = "") -> list[str]:
+    """A run against an LLM server: the output tokens as the client's tokenizer and the server's `usage`
+    counted them, how often the two differ, and which reached LoadGen (mlharness.sut.network.token_exchange)."""
+    if not isinstance(summary.get("output_tokens_client"), int):
+        return []
+    server, share = summary.get("output_tokens_server"), summary.get("token_count_mismatch_share")
+    differ = f", the two differ for {100 * share:.1f}% of samples" if share is not None else ""
+    return [f"  output tokens{f' ({mode})' if mode else ''} : client {summary['output_tokens_client']}, server "
+            f"{server if server is not None else 'not reported'}{differ}; n_tokens from the "
+            f"{summary.get('token_count_source')}"]
 
 
 REPORT_COLUMNS = ("TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "ITL p50/p90/p99 (ms)", "output tokens/s",

@@ -124,9 +124,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     settings = prepare_settings(request, model)
     check_device(backend_name, hardware)
     check_cuda_graphs(settings, backend_name, hardware, model)
-    if request.endpoint and model.generation is not None:
-        raise UserError(f"--endpoint: {model.path}: a generative model; runs against a server take tensor models "
-                        "(the Open Inference Protocol)")
+    endpoint = _endpoint_for(request, model)
     # Against a server the framework runs there: nothing of it needs to be installed here.
     installed = system_mod.check_software(software) if not request.endpoint else {}
     for var, value in software.environment.items():
@@ -154,11 +152,14 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         options = _harness_options(settings, model)
         if model.generation is not None:  # a generative model: mlharness.sut.llm (issue 19)
             from mlharness.sut.llm.runtime import build_llm_runtime as build_runtime  # noqa: F811
-        if request.endpoint:  # the model runs on a server (mlharness.sut.network)
-            from mlharness.specs.endpoint import parse_endpoint
+        if endpoint is not None and endpoint.protocol == "openai":  # an LLM server (mlharness.sut.network)
+            from mlharness.sut.network.openai_runtime import build_openai_runtime
+
+            runtime = build_openai_runtime(model, dataset, endpoint, options)
+        elif endpoint is not None:  # the model runs on a server (mlharness.sut.network)
             from mlharness.sut.network.runtime import build_endpoint_runtime
 
-            runtime = build_endpoint_runtime(model, dataset, parse_endpoint(request.endpoint), options)
+            runtime = build_endpoint_runtime(model, dataset, endpoint, options)
         else:
             runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
@@ -171,7 +172,12 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
         warm_batch = 1 if request.scenario == "SingleStream" else options["max_batch_size"]
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
-        if getattr(runtime, "network", False):
+        if getattr(runtime, "network", False) and getattr(runtime, "generative", False):
+            from mlharness.sut.network.openai_runtime import warm_up_openai
+
+            record.cold_start.update(warm_up_openai(runtime, int(options["warmup_queries"]),
+                                                    float(options["warmup_seconds"])))
+        elif getattr(runtime, "network", False):
             from mlharness.sut.network.runtime import warm_up_endpoint
 
             record.cold_start.update(warm_up_endpoint(runtime, int(options["warmup_queries"]),
@@ -212,6 +218,23 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     where.publish()
     results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
     return record
+
+
+def _endpoint_for(request: RunRequest, model: ModelManifest) -> Any:
+    """The server a run goes to (None: this process), checked against the model: a generative model
+    speaks to an OpenAI-compatible server, a tensor model to an Open Inference Protocol one."""
+    if not request.endpoint:
+        return None
+    from mlharness.specs.endpoint import parse_endpoint
+
+    endpoint = parse_endpoint(request.endpoint)
+    if model.generation is not None and endpoint.protocol != "openai":
+        raise UserError(f"--endpoint: {model.path}: a generative model; give an OpenAI-compatible server as "
+                        f"openai+http://HOST:PORT/v1, not {request.endpoint}")
+    if model.generation is None and endpoint.protocol == "openai":
+        raise UserError(f"--endpoint: {model.path}: not a generative model; an OpenAI-compatible server takes "
+                        "generative ones (a tensor model's server: grpc:// or http://)")
+    return endpoint
 
 
 def _with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_name: str,
@@ -434,7 +457,8 @@ def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy
         from mlharness.running import llm_accuracy
 
         spec = dataset.evaluation or model.accuracy
-        report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", runtime.backend.decode, runtime.labels, spec,
+        decode = getattr(runtime, "decode", None) or runtime.backend.decode  # a server's run: the client's tokenizer
+        report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", decode, runtime.labels, spec,
                                     str(dataset.path if dataset.evaluation else model.path), reference,
                                     model.result or model.outputs[0])
         if reference is not None:
@@ -544,10 +568,11 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     if facts is not None and not network:
         facts.update(issue_path=issue_path, **wait)
     if network:  # the query dispatch library of a run against a server
-        from mlharness.sut.network.network_sut import NetworkSUT
+        from mlharness.sut.network.network_sut import NetworkSUT, TensorExchange
 
-        sut = NetworkSUT(connection=runtime.backend, samples=runtime.staged, input_name=runtime.input_name,
-                         result_spec=runtime.model.result or runtime.model.outputs[0],
+        exchange = runtime.exchange() if generative else \
+            TensorExchange(runtime.backend, runtime.staged, runtime.input_name, runtime.model.result or runtime.model.outputs[0])
+        sut = NetworkSUT(connection=runtime.backend, exchange=exchange,
                          issue_lag_limit_ms=float(options["issue_lag_limit_ms"]), scenario=settings.scenario,
                          # the first failed request ends the run (its logs kept), not min_duration later
                          on_failure=(lambda text: threading.Thread(target=guard.abort, args=(text, 1), daemon=True,
@@ -635,6 +660,7 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     if hasattr(sut, "figures"):  # a run against a server: issue lag, the server's timings, failures
         if facts is not None:
             facts["network"] = sut.figures()
+            facts["requests_log"] = sut.write_requests(logdir)  # token mode: requests.jsonl, else None
         if sut.failure is not None and not isinstance(sut.failure, UserError):
             return sut.failure, elapsed  # a bug: raised with its traceback
         return (UserError(sut.failure_text()) if sut.failure is not None else None), elapsed

@@ -15,8 +15,9 @@ from mlharness.sut.network.oip_client import EndpointError, ModelInfo, make_clie
 
 class EndpointConnection:
     def __init__(self, endpoint: Endpoint, model_name: str, concurrency: int, timeout_s: float,
-                 connect_timeout_s: float, binary: bool = True):
+                 connect_timeout_s: float, binary: bool = True, retries: int = 0, explicit_model: bool = False):
         self.endpoint, self.model_name = endpoint, model_name
+        self.retries, self.explicit_model = retries, explicit_model
         self.concurrency, self.timeout_s, self.connect_timeout_s = concurrency, timeout_s, connect_timeout_s
         self.binary = binary
         self.loop = asyncio.new_event_loop()
@@ -27,6 +28,10 @@ class EndpointConnection:
         self.client: Any = self.run(self._make(), connect_timeout_s)
 
     async def _make(self) -> Any:
+        if self.endpoint.protocol == "openai":
+            from mlharness.sut.network.openai_client import OpenAIClient
+
+            return OpenAIClient(self.endpoint, self.concurrency, self.timeout_s, self.retries)
         return make_client(self.endpoint, self.concurrency, self.timeout_s, self.binary)
 
     def run(self, coroutine: Awaitable[Any], timeout_s: float) -> Any:
@@ -48,7 +53,11 @@ class EndpointConnection:
         a plain server)."""
         try:
             self.server_name = self.run(self.client.server_name(), self.connect_timeout_s)
-            self.model = self.run(self.client.model_info(self.model_name), self.connect_timeout_s)
+            if self.endpoint.protocol == "openai":  # the served name may differ: the server's only model
+                self.model = self.run(self.client.model_info(self.model_name, self.explicit_model), self.connect_timeout_s)
+                self.model_name = self.model.name
+            else:
+                self.model = self.run(self.client.model_info(self.model_name), self.connect_timeout_s)
         except EndpointError as exc:
             raise UserError(f"--endpoint: {exc}") from None
         return self.model
@@ -57,7 +66,8 @@ class EndpointConnection:
         return {"endpoint": self.endpoint.url, "protocol": self.endpoint.protocol, "tls": self.endpoint.tls,
                 "server": self.server_name, "served_model": self.model_name,
                 "platform": self.model.platform if self.model else None, "concurrency": self.concurrency,
-                "request_timeout_s": self.timeout_s, "binary_tensors": self.binary if self.endpoint.protocol == "http" else None}
+                "request_timeout_s": self.timeout_s, "binary_tensors": self.binary if self.endpoint.protocol == "http" else None,
+                **({"retries": self.retries} if self.endpoint.protocol == "openai" else {})}
 
     def close(self) -> None:
         if not self.loop.is_running():

@@ -1,6 +1,9 @@
 """The network SUT: LoadGen's query dispatch library (ConstructQDL) forwarding each sample to a
 server as one request, and completing it with the server's result. Per MLPerf's network division it
-neither batches, caches nor pre- or post-processes; the server does.
+neither batches, caches nor pre- or post-processes; the server does. What one request is belongs to
+an exchange: `TensorExchange` here (the Open Inference Protocol: the raw sample in, the declared result
+out), `mlharness.sut.network.token_exchange.TokenExchange` (an OpenAI-compatible LLM server: the prompt
+in, a streamed answer out, in LoadGen's token mode); slots, issue lag and failures are this SUT's.
 
 LoadGen's issue thread only stamps the issue time and hands the samples to the connection's event
 loop; requests go out there, at most `concurrency` in flight. The client measures its own **issue
@@ -16,16 +19,55 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from mlharness.specs.manifests import TensorSpec
 from mlharness.sut.network.connection import EndpointConnection
-from mlharness.sut.network.oip_client import SERVER_TIMINGS, EndpointError
+from mlharness.sut.network.oip_client import EndpointError
 from mlharness.sut.network.runtime import RawSamples
 from mlharness.sut.staging import SampleError, declared_text, got_text
 from mlharness.sut.system_under_test import FirstFailure, ResultContract
+
+
+@dataclass
+class Answer:
+    """One sample's answer: the response's bytes (kept alive until LoadGen has read them), its token
+    count in token mode (None otherwise), the server's own timings where it reports them."""
+    data: np.ndarray
+    n_tokens: int | None = None
+    server: dict[str, float] = field(default_factory=dict)
+
+
+class TensorExchange:
+    """One raw sample in as the request's one input, the manifest's declared result out (checked)."""
+    token_mode = False
+
+    def __init__(self, connection: EndpointConnection, samples: RawSamples, input_name: str, result_spec: TensorSpec):
+        self.connection, self.samples, self.input_name = connection, samples, input_name
+        self.result_spec, self.contract = result_spec, ResultContract(result_spec)
+
+    async def answer(self, query_id: int, index: int, issued: int) -> Answer:
+        sample = self.samples.get(index)
+        reply = await self.connection.client.infer(self.connection.model_name, {self.input_name: sample}, str(query_id))
+        return Answer(self._result(reply.outputs, index), None, reply.server)
+
+    def _result(self, outputs: dict[str, np.ndarray], index: int) -> np.ndarray:
+        name, url = self.result_spec.name, self.connection.endpoint.url
+        if name not in outputs:
+            raise SampleError([index], "endpoint", f"{url} answered outputs {sorted(outputs)}, not the declared "
+                                                   f"result {name!r}")
+        result = outputs[name]
+        try:
+            self.contract.check(result, [index])
+        except SampleError:  # the server's answer (nothing postprocesses here): say so, naming it
+            raise SampleError([index], "endpoint", f"{url} answered result {name!r} as {got_text(result)}; the "
+                                                   f"manifest declares {declared_text(self.result_spec, 'row')}") from None
+        if result.shape[0] != 1:
+            raise SampleError([index], "endpoint", f"{url} answered {result.shape[0]} rows for one sample")
+        return np.ascontiguousarray(result[0])
 
 
 def _percentiles(values_ns: Sequence[int], scale: float = 1e6) -> dict[str, float]:
@@ -38,15 +80,13 @@ def _percentiles(values_ns: Sequence[int], scale: float = 1e6) -> dict[str, floa
 
 
 class NetworkSUT(FirstFailure):
-    def __init__(self, *, connection: EndpointConnection, samples: RawSamples, input_name: str,
-                 result_spec: TensorSpec, issue_lag_limit_ms: float, scenario: str,
+    def __init__(self, *, connection: EndpointConnection, exchange: Any, issue_lag_limit_ms: float, scenario: str,
                  on_failure: Callable[[str], None] | None = None):
         import mlperf_loadgen as lg
 
         self._lg = lg
-        self.connection, self.samples, self.input_name = connection, samples, input_name
-        self.result_spec = result_spec
-        self.contract = ResultContract(result_spec)
+        self.connection, self.exchange = connection, exchange
+        self.token_mode = bool(exchange.token_mode)
         self.issue_lag_limit_ms = issue_lag_limit_ms
         # Told once, at the first failure: a latency scenario would otherwise go on issuing (unsent)
         # until its minimum duration; the runner ends the run from there.
@@ -62,7 +102,7 @@ class NetworkSUT(FirstFailure):
         self.unsent_samples = 0
         self._issue_lag: list[int] = []
         self._slot_wait: list[int] = []
-        self._server: dict[str, list[float]] = {key: [] for key in SERVER_TIMINGS}
+        self._server: dict[str, list[float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._requests = 0
 
@@ -118,10 +158,7 @@ class NetworkSUT(FirstFailure):
             self._slot_wait.append(sent - waited)
             self._requests += 1
             try:
-                sample = self.samples.get(index)
-                reply = await self.connection.client.infer(self.connection.model_name, {self.input_name: sample},
-                                                           str(query_id))
-                result = self._result(reply.outputs, index)
+                answer = await self.exchange.answer(query_id, index, issued)
             except (EndpointError, SampleError) as exc:
                 self.failed_samples += 1
                 self._fail([index], "endpoint", exc if isinstance(exc, SampleError) else f"{exc}")
@@ -135,10 +172,14 @@ class NetworkSUT(FirstFailure):
                         self.failure = exc
                 self._complete_empty(query_id)
                 return
-        for key, value in reply.server.items():
-            self._server[key].append(value)
-        lg = self._lg
-        lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, result.ctypes.data, result.nbytes)])
+        for key, value in answer.server.items():
+            self._server.setdefault(key, []).append(value)
+        lg, data = self._lg, answer.data  # `data` held by this frame until LoadGen has read it
+        if answer.n_tokens is None:
+            response = lg.QuerySampleResponse(query_id, data.ctypes.data, data.nbytes)
+        else:
+            response = lg.QuerySampleResponse(query_id, data.ctypes.data, data.nbytes, int(answer.n_tokens))
+        lg.QuerySamplesComplete([response])
         self._completed += 1
 
     def _tell_failure(self) -> None:
@@ -146,25 +187,12 @@ class NetworkSUT(FirstFailure):
             self._told = True
             self.on_failure(self.failure_text() or "a request failed")
 
-    def _result(self, outputs: dict[str, np.ndarray], index: int) -> np.ndarray:
-        name = self.result_spec.name
-        if name not in outputs:
-            raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered outputs "
-                                                   f"{sorted(outputs)}, not the declared result {name!r}")
-        result = outputs[name]
-        try:
-            self.contract.check(result, [index])
-        except SampleError:  # the server's answer (nothing postprocesses here): say so, naming it
-            raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered result {name!r} as "
-                                                   f"{got_text(result)}; the manifest declares "
-                                                   f"{declared_text(self.result_spec, 'row')}") from None
-        if result.shape[0] != 1:
-            raise SampleError([index], "endpoint", f"{self.connection.endpoint.url} answered {result.shape[0]} "
-                                                   "rows for one sample")
-        return np.ascontiguousarray(result[0])
-
     def _complete_empty(self, query_id: int) -> None:
+        """An empty response. In token mode LoadGen 6.0.17 crashes (SIGSEGV) on a sample completed without
+        a first token, so an empty first token goes first where the exchange has not sent one."""
         lg = self._lg
+        if self.token_mode and not self.exchange.first_token_sent(query_id):
+            lg.FirstTokenComplete([lg.QuerySampleResponse(query_id, 0, 0)])
         lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, 0, 0)])
 
     def stop(self) -> None:
@@ -181,7 +209,7 @@ class NetworkSUT(FirstFailure):
     # ---- what the run records ----
 
     def describe(self) -> dict[str, Any]:
-        return {"issue_path": "network", **self.connection.describe()}
+        return {"issue_path": "network", **self.connection.describe(), **getattr(self.exchange, "described", {})}
 
     def figures(self) -> dict[str, Any]:
         """Issue lag (ms) split into the slot wait and the client's own delay, the server's own timings
@@ -194,6 +222,24 @@ class NetworkSUT(FirstFailure):
                 "issue_lag_ms": _percentiles(self._issue_lag), "slot_wait_ms": _percentiles(self._slot_wait),
                 "client_lag_ms": client, "issue_lag_limit_ms": self.issue_lag_limit_ms,
                 "client_fell_behind": fell_behind, "server_timings": server}
+
+    def token_figures(self, ttft_limit_ms: float | None = None, tpot_limit_ms: float | None = None) -> dict[str, Any]:
+        """Token mode: the inter-token latency (between content chunks) and goodput on the client's clock
+        (mlharness.records.token_metrics), and both token counts; nothing for a tensor model."""
+        if not self.token_mode:
+            return {}
+        from mlharness.records.token_metrics import sut_token_figures
+
+        return {**sut_token_figures(self.exchange.sample_clocks(), ttft_limit_ms, tpot_limit_ms),
+                **self.exchange.token_counts()}
+
+    def write_requests(self, folder: Any) -> str | None:
+        """Token mode: every request's clock and counts as `requests.jsonl` in `folder`; its name."""
+        if not self.token_mode or not self.exchange.records:
+            return None
+        origin = min(record.issued for record in self.exchange.records)
+        self.exchange.write_requests(folder / "requests.jsonl", origin)
+        return "requests.jsonl"
 
     def failure_text(self) -> str | None:
         """The run's one-line failure: how many samples failed at the endpoint, how many were then not
