@@ -5,14 +5,19 @@ two runs. Each: a non-zero exit and one line naming the flag, file, field or sam
 hang. Real files, the real CLI (a subprocess where it is cheap)."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.support import REPO
+from mlharness.errors import UserError
+from mlharness.running.accuracy import decode_accuracy_log
+from mlharness.specs.manifests import TensorSpec
+from tests.support import REPO, write_manifest
 
 PREFIX = "mlharness: error: "
 
@@ -127,3 +132,66 @@ def test_dataset_limit_past_the_dataset_is_refused_naming_the_dataset(tmp_path: 
     code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "dataset_limit=1024",
                        "--results-dir", tmp_path / "results")
     assert code == 0, err
+
+
+# ---- 3. non-finite outputs are not scored ------------------------------------------------------------
+
+# A null-backend model whose postprocess writes NaN into column 3 of every row.
+NAN_MODEL = """\
+        kind: model
+        name: nanny
+        version: 1.0.0
+        framework: {name: "null"}
+        dataset: null-samples
+        inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+        outputs: [{name: scores, type: scores, element_type: float32, shape: [batch, 10]}]
+        preprocess: |
+          import numpy as np
+          def preprocess(sample, ctx):
+              return np.array([sample], dtype=np.float32)
+        postprocess: |
+          import numpy as np
+          def postprocess(outputs, ctx):
+              scores = np.array(outputs["scores"], dtype=np.float32)
+              scores[:, 3] = np.nan
+              return scores
+        attributes:
+          max_batch_size: 1
+          settings: {Offline: {target_qps: 2000}}
+        accuracy: {metric: topk, k: [1]}
+        """
+
+
+def test_nan_outputs_fail_the_accuracy_naming_the_sample(specs_copy: Path, tmp_path: Path) -> None:
+    """Was scored top1=0.5 without a word (argmax reads NaN as the top class)."""
+    write_manifest(specs_copy / "models", "nanny.yaml", NAN_MODEL)
+    code, _, err = cli("run", "nanny", "--scenario", "Offline", "--mode", "accuracy", "--quick",
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    message = one_line(err)
+    assert message.startswith("run failed: accuracy/mlperf_log_accuracy.json: sample 0: the model's output 'scores' "
+                              "holds NaN (1 of 10 values); 1024 of the 1024 responses hold one; accuracy is not "
+                              "scored over non-finite outputs (logs kept in "), message
+    (failed,) = (tmp_path / "results").glob("*/nanny/Offline/failed-*")
+    assert (failed / "accuracy" / "mlperf_log_accuracy.json").is_file()  # the evidence is kept
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({5: [1.0, np.inf], 9: [np.nan, np.nan]}, "sample 5: the model's output 'scores' holds inf (1 of 2 values); "
+                                               "2 of the 3 responses hold one"),
+    ({2: [np.nan, -np.inf]}, "sample 2: the model's output 'scores' holds NaN and inf (2 of 2 values)"),
+])
+def test_the_first_non_finite_sample_is_named(tmp_path: Path, values: dict, expected: str) -> None:
+    rows = {0: [0.5, 0.25], **values}
+    log = tmp_path / "accuracy" / "mlperf_log_accuracy.json"
+    log.parent.mkdir()
+    log.write_text(json.dumps([{"qsl_idx": i, "data": np.asarray(v, np.float32).tobytes().hex()}
+                               for i, v in sorted(rows.items())]))
+    spec = TensorSpec(name="scores", type="scores", element_type="float32", shape=["batch", 2])
+    with pytest.raises(UserError) as caught:
+        decode_accuracy_log(log, spec)
+    assert str(caught.value) == (f"accuracy/mlperf_log_accuracy.json: {expected}; accuracy is not scored over "
+                                 f"non-finite outputs")
+    # Finite floats decode as before.
+    log.write_text(json.dumps([{"qsl_idx": 0, "data": np.asarray([0.5, 0.25], np.float32).tobytes().hex()}]))
+    assert decode_accuracy_log(log, spec)[0].tolist() == [0.5, 0.25]

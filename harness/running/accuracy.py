@@ -33,7 +33,26 @@ def decode_accuracy_log(path: Path, result: TensorSpec, dims: dict[str, int] | N
                 raise UserError(f"{path}: sample {entry['qsl_idx']}: expected {shape} {dtype}, got {array.size} values")
             array = array.reshape(shape)
         decoded[int(entry["qsl_idx"])] = array
+    _refuse_non_finite(path, result, decoded)
     return decoded
+
+
+def _refuse_non_finite(path: Path, result: TensorSpec, decoded: dict[int, np.ndarray]) -> None:
+    """A NaN or inf in a response: no metric scores it honestly (argmax reads NaN as the top class), so
+    the accuracy is refused, naming the first sample and how many responses hold one."""
+    if not np.issubdtype(np.dtype(result.element_type), np.inexact):
+        return
+    bad = sorted(index for index, array in decoded.items() if not np.isfinite(array).all())
+    if not bad:
+        return
+    array = decoded[bad[0]]
+    kinds = " and ".join(name for name, found in (("NaN", np.isnan(array).any()), ("inf", np.isinf(array).any()))
+                         if found)
+    more = f"; {len(bad)} of the {len(decoded)} responses hold one" if len(bad) > 1 else ""
+    # Named from the run's folder: a failed run's staging folder is renamed (the error says to what).
+    raise UserError(f"{path.parent.name}/{path.name}: sample {bad[0]}: the model's output {result.name!r} holds "
+                    f"{kinds} ({int((~np.isfinite(array)).sum())} of {array.size} values){more}; accuracy is not "
+                    f"scored over non-finite outputs")
 
 
 @dataclass
