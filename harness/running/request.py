@@ -135,9 +135,10 @@ REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--software": ("software", {"help": "software manifest (default: the one named after the backend)"}),
     "--hardware": ("hardware", {"default": "cpu", "help": "hardware manifest (default: cpu)"}),
     "--reference": ("reference", {"help": "reference log to compare with (default: found by model/dataset/backend)"}),
-    "--endpoint": ("endpoint", {"metavar": "URL", "help": "benchmark the model served at URL (grpc://HOST:PORT or "
-                                                      "http://HOST:PORT, the Open Inference Protocol) instead of "
-                                                      "running it here (docs/network.md)"}),
+    "--endpoint": ("endpoint", {"metavar": "URL", "help": "benchmark the model served at URL instead of running it here: "
+                                                      "grpc://HOST:PORT or http://HOST:PORT (the Open Inference "
+                                                      "Protocol), openai+http://HOST:PORT/v1 (an OpenAI-compatible "
+                                                      "LLM server; docs/network.md)"}),
     "--quick": ("quick", {"action": "store_true", "help": "short smoke-run preset (scenarios/quick.yaml)"}),
     "--preset": ("presets", {"action": "append", "help": "extra scenario preset from scenarios/ (repeatable)"}),
     "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),
