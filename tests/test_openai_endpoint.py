@@ -133,3 +133,34 @@ def test_a_generative_model_needs_an_openai_server_and_a_tensor_model_another(tm
     assert len(lines) == 2
     assert "a generative model; give an OpenAI-compatible server as openai+http://HOST:PORT/v1" in lines[0]
     assert "not a generative model; an OpenAI-compatible server takes generative ones" in lines[1]
+
+
+# ---- against mlharness serve --openai (a server that sends usage) ----------------------------------
+
+@needs_llm
+def test_against_mlharness_serve_both_counts_are_kept_and_a_one_token_usage_falls_back_to_the_client(
+        tmp_path: Path) -> None:
+    """`mlharness serve --openai` on the llama.cpp engine sends usage without the stop token (as llama.cpp's
+    server would count it): a one-word answer is 1 token by its count, 2 by the client's (the stop token
+    kept). Both counts are recorded with their mismatch share; LoadGen gets the client's count where the
+    server's is under 2 (it refuses n_tokens of 1), and the run says how many; accuracy still PASSes with
+    the engine's token ids."""
+    from tests.openai_support import openai_serve
+
+    results = tmp_path / "results"
+    reference = smollm2_first_prompts_reference(tmp_path, "smollm2-135m.first-8", "llama_cpp")
+    with openai_serve("smollm2-135m", "--backend", "llama_cpp", "--set", "intra_op_threads=1") as served:
+        url = "openai+" + served.url
+        run_new(results, *LLAMA, "--endpoint", url, "--scenario", "Offline", "--mode", "accuracy",
+                "--set", "dataset_limit=8", "--reference", reference)
+        run_new(results, *LLAMA, "--endpoint", url, "--scenario", "Offline", "--mode", "accuracy",
+                "--set", "dataset_limit=8", "--reference", reference, "--set", "endpoint_token_count=client")
+    server_counted, client_counted = sorted(
+        (json.loads(p.read_text()) for p in results.glob("*/smollm2-135m/Offline/runs/*/run.json")),
+        key=lambda record: record["settings"]["harness"].get("endpoint_token_count", "server") == "client")
+    summary = server_counted["loadgen"]["accuracy"]["summary"]
+    assert server_counted["accuracy"]["verdict"] == "PASS"
+    assert summary["output_tokens_server"] == summary["output_tokens_client"] - 8  # one stop token each
+    assert summary["token_count_mismatch_share"] == 1.0 and summary["samples_with_server_count"] == 8
+    assert summary["token_count_source"].startswith("server (8 of 8 samples from the client")
+    assert client_counted["loadgen"]["accuracy"]["summary"]["token_count_source"] == "client"

@@ -7,8 +7,9 @@ ids and `n_tokens`.
 The server returns text. The client's tokenizer (the manifest's own, mlharness.sut.llm.text_tokenizer)
 turns the whole answer into the token ids LoadGen's accuracy log holds, and counts them; the server's
 `usage.completion_tokens` (asked for with `stream_options.include_usage`) is the other count. Which one
-reaches LoadGen as n_tokens is `endpoint_token_count`: `server` (its usage where it sends one, else the
-client's count, and the run says how many samples fell back) or `client`. Both are kept per request.
+reaches LoadGen as n_tokens is `endpoint_token_count`: `server` (its usage where it sends one of at least
+2 tokens, else the client's count, and the run says how many samples fell back) or `client`. Both are kept
+per request.
 The client's ids end with the end-of-sequence token when the answer ended on a stop (finish_reason
 "stop"): the server made it but sends no text for it, and the in-process engines keep and count it (so
 the ids compare with theirs, and an answer of one word is not one token: LoadGen refuses n_tokens of 1,
@@ -51,6 +52,7 @@ class RequestRecord:
     retries: int = 0
     status: str = "ok"
     done: int = 0
+    counted_by: str = ""  # whose count reached LoadGen: "server" or "client"
 
     def as_json(self, origin: int) -> dict[str, Any]:
         def ms(stamp: int) -> float:
@@ -59,7 +61,8 @@ class RequestRecord:
                 "first_token_ms": ms(self.chunks[0]) if self.chunks else None, "done_ms": ms(self.done) if self.done else None,
                 "chunk_ms": [ms(stamp) for stamp in self.chunks], "server_tokens": self.server_tokens,
                 "client_tokens": self.client_tokens, "prompt_tokens": self.prompt_tokens,
-                "finish_reason": self.finish_reason, "retries": self.retries, "status": self.status}
+                "finish_reason": self.finish_reason, "counted_by": self.counted_by, "retries": self.retries,
+                "status": self.status}
 
 
 class PromptTexts:
@@ -178,9 +181,13 @@ class TokenExchange:
                                                        "ignored the stop tokens")
 
     def _n_tokens(self, record: RequestRecord) -> int:
-        if self.token_count == "server" and record.server_tokens is not None:
-            return max(record.server_tokens, 1)
-        return max(int(record.client_tokens or 0), 1)  # LoadGen's TPOT divides by n_tokens - 1
+        """The count LoadGen gets (its TPOT divides by n_tokens - 1, and it refuses 1): the server's where
+        asked for and usable, else the client's; which one is kept on the record."""
+        if self.token_count == "server" and record.server_tokens is not None and record.server_tokens > 1:
+            record.counted_by = "server"
+            return record.server_tokens
+        record.counted_by = "client"
+        return max(int(record.client_tokens or 0), 1)
 
     # ---- what the run records ----
 
@@ -190,8 +197,13 @@ class TokenExchange:
         done = [r for r in self.records if r.status == "ok" and r.client_tokens is not None]
         both = [r for r in done if r.server_tokens is not None]
         differ = sum(r.server_tokens != r.client_tokens for r in both)
-        source = self.token_count if self.token_count == "client" or len(both) == len(done) else \
-            ("client (the server sent no usage)" if not both else f"server ({len(done) - len(both)} samples without usage: client)")
+        by_client = sum(r.counted_by == "client" for r in done)
+        if self.token_count == "client" or by_client == 0:
+            source = self.token_count
+        elif not both:
+            source = "client (the server sent no usage)"
+        else:
+            source = f"server ({by_client} of {len(done)} samples from the client: no usage, or fewer than 2 tokens)"
         return {"output_tokens_client": sum(r.client_tokens or 0 for r in done),
                 "output_tokens_server": sum(r.server_tokens or 0 for r in both) if both else None,
                 "samples_with_server_count": len(both),
