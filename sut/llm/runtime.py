@@ -99,6 +99,8 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
         if not isinstance(prompt, str):
             raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt string for a generative model, "
                             f"got {type(prompt).__name__}")
+        if not prompt.strip():  # the chat template would send the model a turn without words
+            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt with text in it, got {prompt!r}")
     with _timed(seconds, "load_seconds"):
         backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
         backend.load()
