@@ -226,3 +226,16 @@ def test_an_empty_prompt_is_refused_naming_the_dataset_and_sample(specs_copy: Pa
     message = one_line(err)
     assert message.startswith(f"run failed: {dataset}: samples: item 2: expected a prompt with text in it, "
                               f"got {prompt!r} (logs kept in "), message
+
+
+# ---- 5. a generative model's setting on a tensor model ---------------------------------------------
+
+def test_llm_batching_on_a_tensor_model_is_refused_naming_the_setting_and_model(tmp_path: Path) -> None:
+    """Was accepted and ignored (the tensor SUT never reads it)."""
+    code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "llm_batching=static",
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    assert one_line(err).startswith(f"run failed: llm_batching=static: {REPO / 'specs' / 'models' / 'null.yaml'}: "
+                                    f"model null is not generative (no generation: section); llm_batching schedules "
+                                    f"a generative model's token generation (logs kept in ")
+    assert not list((tmp_path / "results").glob("*/null/Offline/runs/*"))
