@@ -57,11 +57,13 @@ def parse_levels(text: str) -> list[str]:
     """`--profile` value: a comma list of levels, or `full` for all of them."""
     known = levels()
     items = [item.strip() for item in text.split(",") if item.strip()]
-    if items == ["full"] or "full" in items:
-        items = known
-    unknown = [item for item in items if item not in known]
+    # Checked before `full` stands for every level: `full,gpu` asked for a level that does not exist.
+    unknown = [item for item in items if item not in known and item != "full"]
     if unknown or not items:
-        raise UserError(f"--profile: expected a comma list of {', '.join(known)} or 'full', got {text!r}")
+        named = f" (unknown: {', '.join(dict.fromkeys(unknown))})" if unknown else ""
+        raise UserError(f"--profile: expected a comma list of {', '.join(known)} or 'full', got {text!r}{named}")
+    if "full" in items:
+        items = known
     chosen = list(dict.fromkeys(items))
     for level in chosen:
         if level not in _TRACERS:

@@ -239,3 +239,17 @@ def test_llm_batching_on_a_tensor_model_is_refused_naming_the_setting_and_model(
                                     f"model null is not generative (no generation: section); llm_batching schedules "
                                     f"a generative model's token generation (logs kept in ")
     assert not list((tmp_path / "results").glob("*/null/Offline/runs/*"))
+
+
+# ---- 6. an unknown profiling level beside `full` -------------------------------------------------------
+
+@pytest.mark.parametrize("levels, unknown", [("full,gpu", "gpu"), ("gpu,full,harness,gpu", "gpu"),
+                                             ("full, nope ,harnes", "nope, harnes")])
+def test_an_unknown_level_beside_full_is_refused_naming_it(tmp_path: Path, levels: str, unknown: str) -> None:
+    """`full` stood for every level and the unknown one was dropped without a word."""
+    code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--profile", levels,
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    assert one_line(err) == (f"--profile: expected a comma list of harness, model, framework, python, system or "
+                             f"'full', got {levels!r} (unknown: {unknown})")
+    assert not (tmp_path / "results").exists()
