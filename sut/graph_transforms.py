@@ -45,8 +45,10 @@ def symbolic_batch(model: Any) -> None:
                 init.CopyFrom(numpy_helper.from_array(target.astype(np.int64), init.name))
 
 
-def apply_transforms(graph_path: Path, source_sha: str, names: tuple[str, ...], cache: Path) -> tuple[Path, str]:
-    """The path and sha256 of the graph after `names` are applied (the input when there are none)."""
+def apply_transforms(graph_path: Path, source_sha: str, names: tuple[str, ...], cache: Path,
+                     where: str = "sources.graph") -> tuple[Path, str]:
+    """The path and sha256 of the graph after `names` are applied (the input when there are none).
+    `where` (the manifest and its field) starts the one-line error for a graph that will not read."""
     if not names:
         return graph_path, source_sha
     unknown = [n for n in names if n not in _TRANSFORMS]
@@ -56,8 +58,19 @@ def apply_transforms(graph_path: Path, source_sha: str, names: tuple[str, ...], 
     out = cache / "graphs" / f"{graph_path.stem}.{key}.onnx"
     if not out.is_file():
         onnx = require("onnx", "onnxruntime", f"the graph transforms {', '.join(names)}")
-        model = onnx.load(str(graph_path))
+        try:
+            model = onnx.load(str(graph_path))
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, onnx's own errors: a file that is no graph
+            raise UserError(f"{where}: {graph_path} is not an ONNX model ({_first_line(exc)})") from None
         for name in names:
-            _TRANSFORMS[name](model)
+            try:
+                _TRANSFORMS[name](model)
+            except Exception as exc:  # noqa: BLE001 - a graph of a shape the transform does not know
+                raise UserError(f"{where}: transform {name} cannot rewrite {graph_path}: {_first_line(exc)}") from None
         write_bytes(out, model.SerializeToString())
     return out, hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

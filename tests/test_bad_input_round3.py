@@ -18,7 +18,7 @@ import pytest
 from mlharness.errors import UserError
 from mlharness.running.accuracy import decode_accuracy_log
 from mlharness.specs.manifests import TensorSpec
-from tests.support import REPO, write_manifest
+from tests.support import REPO, sha256, write_manifest
 
 PREFIX = "mlharness: error: "
 
@@ -253,3 +253,45 @@ def test_an_unknown_level_beside_full_is_refused_naming_it(tmp_path: Path, level
     assert one_line(err) == (f"--profile: expected a comma list of harness, model, framework, python, system or "
                              f"'full', got {levels!r} (unknown: {unknown})")
     assert not (tmp_path / "results").exists()
+
+
+# ---- 7. a corrupt ONNX graph -------------------------------------------------------------------------
+
+@pytest.fixture
+def corrupt_onnx(specs_copy: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """resnet50-light's manifest pointing its sources.graph at 4 KiB of random bytes, their sha256 pinned
+    (so the file passes verification and reaches the graph transforms and ONNX Runtime)."""
+    graph = tmp_path / "random.onnx"
+    graph.write_bytes(np.random.default_rng(7).bytes(4096))
+    text = (REPO / "specs" / "models" / "resnet50-light.yaml").read_text()
+    text = text.replace("name: resnet50-light", "name: corrupt-onnx", 1)
+    text = text.replace("package://onnx/backend/test/data/light/light_resnet50.onnx", graph.as_uri())
+    text = text.replace("05e77a5c9c9ce0913f549a50d6ebaced5e0ff6817b61e09bae26e4c5bd9055e4", sha256(graph))
+    assert graph.as_uri() in text and sha256(graph) in text
+    manifest = specs_copy / "models" / "corrupt-onnx.yaml"
+    manifest.write_text(text)
+    return manifest, graph
+
+
+@pytest.mark.parametrize("command", ["run", "tune"])
+def test_a_corrupt_onnx_graph_is_one_line_naming_the_file_and_field(corrupt_onnx: tuple[Path, Path], tmp_path: Path,
+                                                                    command: str) -> None:
+    """Was protobuf's DecodeError, naming neither the file nor sources.graph (the symbolic_batch transform
+    reads the graph with onnx before ONNX Runtime does)."""
+    manifest, graph = corrupt_onnx
+    code, _, err = cli(command, "corrupt-onnx", "--scenario", "Offline", *(["--quick"] if command == "run" else []),
+                       "--results-dir", tmp_path / "results")
+    assert code == 1
+    message = one_line(err)
+    assert (f"run failed: {manifest}: sources.graph: {graph} is not an ONNX model (DecodeError: Error parsing "
+            f"message with type 'onnx.ModelProto') (logs kept in ") in message, message
+    assert "traceback" not in message
+
+
+def test_a_corrupt_onnx_graph_without_transforms_names_the_file_and_field(corrupt_onnx: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    manifest, graph = corrupt_onnx
+    manifest.write_text(manifest.read_text().replace("    transforms: [symbolic_batch]\n", ""))
+    code, _, err = cli("run", "corrupt-onnx", "--scenario", "Offline", "--quick", "--results-dir", tmp_path / "results")
+    assert code == 1
+    assert f"run failed: {manifest}: sources.graph: ONNX Runtime cannot load {graph}: " in one_line(err)

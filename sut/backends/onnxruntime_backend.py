@@ -61,7 +61,8 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
 
         graph = self.sources["graph"]
         self.graph_path, self.graph_sha256 = apply_transforms(
-            graph, self.model.sources["graph"].sha256 or "", self.model.graph_transforms, cache_dir())
+            graph, self.model.sources["graph"].sha256 or "", self.model.graph_transforms, cache_dir(),
+            f"{self.model.path}: sources.graph")
         options = self._session_options()
         self.session_options = options
         self.providers, self.provider_options = self._providers(ort.get_available_providers())
