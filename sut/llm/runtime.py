@@ -95,12 +95,7 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
                             model=model, dataset=dataset)
     with _timed(seconds, "enumerate_seconds"):
         items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
-    for i, (prompt, _) in enumerate(items):
-        if not isinstance(prompt, str):
-            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt string for a generative model, "
-                            f"got {type(prompt).__name__}")
-        if not prompt.strip():  # the chat template would send the model a turn without words
-            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt with text in it, got {prompt!r}")
+    check_prompts(items, dataset)
     with _timed(seconds, "load_seconds"):
         backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
         backend.load()
@@ -112,6 +107,16 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
     seconds["prompt_tokens_max"] = max(prompt_lengths, default=0)
     return LLMRuntime(model, dataset, backend, PromptSet(items, token_ids), ctx,
                       {**dataset_sources, **model_sources}, described, cold_start=seconds)
+
+
+def check_prompts(items: Sequence[tuple[Any, Any]], dataset: DatasetManifest) -> None:
+    """Every sample a prompt with text in it, or a UserError naming the dataset file and the sample."""
+    for i, (prompt, _) in enumerate(items):
+        if not isinstance(prompt, str):
+            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt string for a generative model, "
+                            f"got {type(prompt).__name__}")
+        if not prompt.strip():  # the chat template would send the model a turn without words
+            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt with text in it, got {prompt!r}")
 
 
 def tokenize_prompts(backend: Any, prompts: Sequence[str], model: ModelManifest, where: str) -> list[np.ndarray]:

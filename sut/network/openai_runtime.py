@@ -60,6 +60,7 @@ def build_openai_runtime(model: ModelManifest, dataset: DatasetManifest, endpoin
                          options: dict[str, Any]) -> LLMEndpointRuntime:
     """Enumerate the prompts, load the manifest's tokenizer, connect to the server and find the model it
     serves; each phase timed into cold_start."""
+    from mlharness.sut.llm.runtime import check_prompts
     from mlharness.sut.llm.text_tokenizer import load_text_tokenizer
 
     seconds: dict[str, Any] = {}
@@ -68,10 +69,7 @@ def build_openai_runtime(model: ModelManifest, dataset: DatasetManifest, endpoin
     ctx = ProcessingContext(attributes=dict(model.attributes), sources={**dataset_sources, **model_sources},
                             model=model, dataset=dataset)
     items = enumerate_samples(dataset, ctx, int(options.get("dataset_limit") or 0))
-    for i, (prompt, _) in enumerate(items):
-        if not isinstance(prompt, str):
-            raise UserError(f"{dataset.path}: samples: item {i}: expected a prompt string for a generative model, "
-                            f"got {type(prompt).__name__}")
+    check_prompts(items, dataset)
     seconds["enumerate_seconds"] = time.perf_counter() - started
     started = time.perf_counter()
     tokenizer = load_text_tokenizer(model, model_sources)
