@@ -65,7 +65,8 @@ _End = Union[str, BaseException]  # a finish reason, or the engine's error
 class Generation:
     """One request's generated token ids (the stop token left out) as an async iterator, read on the loop;
     when it ends, `finish_reason` is "stop" or "length" and `tokens` holds every id it yielded. An engine
-    failure raises EngineError from the iterator. `cancel()` stops the engine's work at its next token."""
+    failure raises EngineError from the iterator (`finish_reason` "error"). `cancel()` stops the engine's
+    work at its next token (a request still waiting for the llama.cpp worker is skipped)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, prompt_tokens: int, max_tokens: int, stop_ids: frozenset[int]):
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
