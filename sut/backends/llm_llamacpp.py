@@ -23,7 +23,12 @@ import numpy as np
 
 from mlharness.errors import UserError
 from mlharness.sut.backends.base import Backend
-from mlharness.sut.backends.llm_transformers import chat_turns, gguf_weights, stop_token_ids
+from mlharness.sut.backends.llm_transformers import (
+    chat_template_failure,
+    chat_turns,
+    gguf_weights,
+    stop_token_ids,
+)
 
 SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
 
@@ -36,6 +41,7 @@ class LlamaCppLLMBackend(Backend):
     def load(self) -> None:
         weights = gguf_weights(self)
         spec = self.model.generation
+        import jinja2
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -49,6 +55,9 @@ class LlamaCppLLMBackend(Backend):
         except (ValueError, RuntimeError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"sources.weights: llama.cpp cannot load {weights}: {first}") from None
+        except jinja2.TemplateError as exc:  # Llama compiles every chat template in the file's metadata
+            raise chat_template_failure(self, weights, exc, "llama.cpp compiles it when it opens the file, "
+                                                            "asked for or not") from None
         self.threads = {"decode": int(self.llm.context_params.n_threads),
                         "prompt": int(self.llm.context_params.n_threads_batch)}
         own_window = int(self.llm._model.n_ctx_train())
@@ -64,9 +73,14 @@ class LlamaCppLLMBackend(Backend):
                 raise UserError(f"sources.weights: {weights} has no tokenizer.chat_template, and "
                                 f"{self.model.path} asks for the chat template (generation.chat_template: true)")
             vocab = self.llm._model
-            self.template = Jinja2ChatFormatter(template=text, eos_token=vocab.token_get_text(self.llm.token_eos()),
-                                                bos_token=vocab.token_get_text(self.llm.token_bos()),
-                                                add_generation_prompt=True)
+            try:
+                self.template = Jinja2ChatFormatter(
+                    template=text, eos_token=vocab.token_get_text(self.llm.token_eos()),
+                    bos_token=vocab.token_get_text(self.llm.token_bos()), add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - the template is the file's code: jinja compiles it here
+                raise chat_template_failure(self, weights, exc) from None
+            self.weights = weights
+            self._chat_text("probe")  # one that compiles but will not render fails here too
         self.stop_ids = stop_token_ids(self, int(self.llm.token_eos()),
                                        lambda text: self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
         self.max_new_tokens = spec.max_new_tokens
@@ -75,13 +89,18 @@ class LlamaCppLLMBackend(Backend):
     def encode(self, prompt: str) -> np.ndarray:
         """The prompt's token ids (int64), in the chat template as one user turn when the manifest asks;
         special tokens written in the text (<|im_start|>) are parsed as such, as transformers does."""
-        spec = self.model.generation
         if self.template is not None:
-            text = self.template(messages=chat_turns(spec, prompt)).prompt
+            text = self._chat_text(prompt)
             ids = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         else:  # the model's own BOS/EOS flags decide what is added
             ids = self.llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         return np.asarray(ids, dtype=np.int64)
+
+    def _chat_text(self, prompt: str) -> str:
+        try:
+            return self.template(messages=chat_turns(self.model.generation, prompt)).prompt
+        except Exception as exc:  # noqa: BLE001 - the template is the file's code: jinja's errors
+            raise chat_template_failure(self, self.weights, exc) from None
 
     def decode(self, ids: np.ndarray) -> str:
         return self.llm.detokenize([int(i) for i in ids], special=False).decode("utf-8", errors="replace")

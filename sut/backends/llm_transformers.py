@@ -72,6 +72,18 @@ def chat_turns(spec: Any, prompt: str) -> list[dict[str, str]]:
     return system + [{"role": "user", "content": prompt}]
 
 
+def chat_template_failure(backend: Backend, weights: Path, exc: Exception, why: str | None = None) -> UserError:
+    """A GGUF's tokenizer.chat_template that does not compile or render, in one line naming the file
+    and why it is read: the manifest asks for it, unless `why` says otherwise (jinja's own error names
+    neither)."""
+    text = str(exc).strip()
+    line = getattr(exc, "lineno", None)  # jinja's syntax errors carry the template's line
+    where = f" (template line {line})" if line else ""
+    why = why or f"{backend.model.path} asks for the chat template (generation.chat_template: true)"
+    return UserError(f"sources.weights: {weights}: its tokenizer.chat_template does not render{where}: "
+                     f"{type(exc).__name__}{': ' + text.splitlines()[0] if text else ''}; {why}")
+
+
 class TransformersLLMBackend(Backend):
     name = "transformers"
     framework = "transformers"
@@ -98,8 +110,11 @@ class TransformersLLMBackend(Backend):
         bar = getattr(gguf_utils, "tqdm", None)
         if bar is not None:
             gguf_utils.tqdm = functools.partial(bar, disable=True)
+        self.weights = weights
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            if spec.chat_template:  # a template that will not render fails before the weights load
+                self._chat_text("probe")
             self.lm = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         except (ValueError, OSError, KeyError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -123,12 +138,17 @@ class TransformersLLMBackend(Backend):
         """The prompt's token ids (int64), in the chat template as one user turn when the manifest asks."""
         spec = self.model.generation
         if spec.chat_template:
-            text = self.tokenizer.apply_chat_template(chat_turns(spec, prompt), add_generation_prompt=True,
-                                                      tokenize=False)
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = self.tokenizer.encode(self._chat_text(prompt), add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(prompt)
         return np.asarray(ids, dtype=np.int64)
+
+    def _chat_text(self, prompt: str) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(chat_turns(self.model.generation, prompt),
+                                                      add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - the template is the file's code: jinja's errors, a missing one
+            raise chat_template_failure(self, self.weights, exc) from None
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
