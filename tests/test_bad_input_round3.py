@@ -348,3 +348,40 @@ def test_a_broken_chat_template_is_one_line_naming_the_file(broken_ggufs: dict[s
            else f"{manifest} asks for the chat template (generation.chat_template: true)")
     assert one_line(err).startswith(f"run failed: sources.weights: {weights}: its tokenizer.chat_template does not "
                                     f"render{TEMPLATES[kind][1]}; {why} (logs kept in "), err
+
+
+# ---- 9. the published view pairs accuracy and performance of one configuration only -------------------
+
+def test_a_performance_run_after_a_submission_run_keeps_only_its_own_configuration_in_the_view(tmp_path: Path) -> None:
+    """The view took accuracy/ from the latest accuracy run whatever it was: a performance run after a
+    submission run left the older run's accuracy/ beside the new run.json, and the packager packaged the
+    pair. Now accuracy/ of another run stands there only when both runs share the system, manifests,
+    backend, software and harness settings, and view.json names both runs; else it is left out, and
+    view.json and the packager say why."""
+    results = tmp_path / "results"
+    run = ("run", "null", "--scenario", "Offline", "--quick", "--results-dir", results)
+    assert cli(*run, "--mode", "submission")[0] == 0
+    (view,) = results.glob("*/null/Offline")
+    first = json.loads((view / "run.json").read_text())["run_id"]
+    assert json.loads((view / "view.json").read_text()) == {"schema_version": 1, "run_id": first,
+                                                            "accuracy_run_id": first, "note": None}
+
+    assert cli(*run, "--mode", "performance", "--set", "max_batch_size=8")[0] == 0
+    second = json.loads((view / "run.json").read_text())["run_id"]
+    assert second != first and not (view / "accuracy").exists()
+    note = (f"no accuracy/: the newest accuracy run {first} differs from run {second} in harness settings; run "
+            f"--mode accuracy with this run's configuration")
+    assert json.loads((view / "view.json").read_text()) == {"schema_version": 1, "run_id": second,
+                                                            "accuracy_run_id": None, "note": note}
+    assert (view / "runs" / first / "accuracy" / "accuracy.txt").is_file()  # the earlier run keeps its own
+    code, _, err = cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", tmp_path / "out",
+                       "--results-dir", results, "--allow-invalid")
+    assert code == 1 and one_line(err) == f"{view / 'accuracy'}: missing: {note}"
+
+    assert cli(*run, "--mode", "performance")[0] == 0  # the submission run's configuration again
+    third = json.loads((view / "run.json").read_text())["run_id"]
+    assert (view / "accuracy" / "accuracy.txt").samefile(view / "runs" / first / "accuracy" / "accuracy.txt")
+    assert json.loads((view / "view.json").read_text())["accuracy_run_id"] == first
+    assert json.loads((view / "view.json").read_text())["note"] == (
+        f"accuracy/ is run {first}'s, an accuracy run of the same configuration (system, hardware, device, model, "
+        f"dataset, backend, software, harness settings); the rest is run {third}'s")

@@ -4,7 +4,14 @@ succeeds, renamed whole into `<system>/<model>/<Scenario>/runs/<run id>/` (a fai
 (`performance/`, `accuracy/`, `TEST0x/`, `run.json`, `user.conf`, ... directly under
 `<Scenario>/`) is rebuilt from chosen runs — the latest ok performance run and the latest ok
 accuracy run — by hard links, under a lock, each entry swapped in by a rename; it is never a mix
-of two runs' files within an entry, and a later run without profiling leaves no stale profile."""
+of two runs' files within an entry, and a later run without profiling leaves no stale profile.
+
+A submission's accuracy/ and performance/ are two LoadGen tests, and MLPerf asks that both be run
+on the same system and software configuration; the view pairs them only then. The accuracy/ of an
+accuracy run other than the performance run shown is kept only when the two runs agree on
+everything that decides what the model computes (`SAME_CONFIGURATION`); otherwise the view has no
+accuracy/ (rerun accuracy with this configuration). `view.json` says which run each part comes
+from and why an accuracy run was left out."""
 from __future__ import annotations
 
 import json
@@ -23,6 +30,15 @@ ACCURACY_MODES = ("accuracy", "submission")
 # What lives in a scenario folder besides the view: the runs, failed runs, the session's steps file.
 _NOT_VIEW = (RUNS_FOLDER, "submission_steps.json")
 LOADGEN_LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "mlperf_log_trace.json")
+VIEW_FILE = "view.json"
+VIEW_SCHEMA_VERSION = 1
+# What two runs must share for one's accuracy/ to stand beside the other's performance/: the system,
+# the manifests (by content), the backend, the software and the harness settings (batching, threads,
+# dataset_limit, ...). LoadGen's settings may differ: they decide how queries are issued, not answered.
+SAME_CONFIGURATION: dict[str, tuple[str, ...]] = {
+    "system": ("system_name",), "hardware": ("hardware", "sha256"), "device": ("hardware", "device"),
+    "model": ("model", "sha256"), "dataset": ("dataset", "sha256"), "backend": ("backend",),
+    "software": ("software", "versions"), "harness settings": ("settings", "harness")}
 
 
 @dataclass(frozen=True)
@@ -95,32 +111,67 @@ def _is_view_entry(name: str) -> bool:
     return not (name.startswith((".", "failed-")) or name in _NOT_VIEW)
 
 
+def _configuration(record: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = record
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def configuration_differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    """What of SAME_CONFIGURATION two run records disagree on (empty: one configuration)."""
+    return [name for name, path in SAME_CONFIGURATION.items()
+            if _configuration(first, path) != _configuration(second, path)]
+
+
+def _view_sources(main: dict[str, Any], accuracy: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """(whether the accuracy run's accuracy/ goes into the view, the view.json that says so)."""
+    view = {"schema_version": VIEW_SCHEMA_VERSION, "run_id": main.get("run_id"), "accuracy_run_id": None,
+            "note": None}
+    if accuracy is None:
+        return False, view
+    if accuracy.get("run_id") == main.get("run_id"):
+        return True, view | {"accuracy_run_id": main.get("run_id")}
+    differences = configuration_differences(main, accuracy)
+    if differences:
+        return False, view | {"note": f"no accuracy/: the newest accuracy run {accuracy.get('run_id')} differs from "
+                                      f"run {main.get('run_id')} in {', '.join(differences)}; run --mode accuracy "
+                                      f"with this run's configuration"}
+    return True, view | {"accuracy_run_id": accuracy.get("run_id"),
+                         "note": f"accuracy/ is run {accuracy.get('run_id')}'s, an accuracy run of the same "
+                                 f"configuration ({', '.join(SAME_CONFIGURATION)}); the rest is run "
+                                 f"{main.get('run_id')}'s"}
+
+
 def rebuild_view(scenario_root: Path) -> None:
     """Rebuild the MLPerf-shaped view of a scenario folder from its runs: everything of the latest ok
     performance run (its logs, audits, profile, record) and the accuracy/ of the latest ok accuracy
-    run. Builders take turns (a lock file); each entry is swapped in by a rename."""
+    run when it is that run or one of the same configuration, and view.json naming them. Builders take
+    turns (a lock file); each entry is swapped in by a rename."""
     import fcntl
 
     scenario_root.mkdir(parents=True, exist_ok=True)
     with open(scenario_root / ".publish.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         runs = _ok_runs(scenario_root)
-        perf = next((d for r, d in reversed(runs) if r.get("mode") in PERF_MODES), None)
-        accuracy = next((d for r, d in reversed(runs) if r.get("mode") in ACCURACY_MODES), None)
+        perf = next(((r, d) for r, d in reversed(runs) if r.get("mode") in PERF_MODES), None)
+        accuracy = next(((r, d) for r, d in reversed(runs) if r.get("mode") in ACCURACY_MODES), None)
         main = perf or accuracy
         if main is None:
             return
+        paired, view = _view_sources(main[0], accuracy[0] if accuracy else None)
         build = scenario_root / f".view-{os.getpid()}"
         trash = scenario_root / f".view-old-{os.getpid()}"
         for folder in (build, trash):
             shutil.rmtree(folder, ignore_errors=True)
         build.mkdir()
         trash.mkdir()
-        for entry in main.iterdir():
+        for entry in main[1].iterdir():
             if entry.name != "accuracy":
                 _link_tree(entry, build / entry.name)
-        if accuracy is not None and (accuracy / "accuracy").is_dir():
-            _link_tree(accuracy / "accuracy", build / "accuracy")
+        if paired and (accuracy[1] / "accuracy").is_dir():
+            _link_tree(accuracy[1] / "accuracy", build / "accuracy")
+        write_json(build / VIEW_FILE, view)
         new = {p.name for p in build.iterdir()}
         for name in sorted(new):
             _swap_in(build / name, scenario_root / name, trash)

@@ -8,6 +8,7 @@ test are left out by the collection (mlharness.submission.runs), their reasons k
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -18,6 +19,7 @@ from typing import Any
 from mlharness.atomic_io import write_json, write_text
 from mlharness.errors import UserError
 from mlharness.records.loadgen_logs import parse_summary
+from mlharness.records.results import VIEW_FILE
 from mlharness.records.run_record import RunRecord
 from mlharness.running.settings import PROTECTED_KEYS, Settings
 from mlharness.submission import accuracy_txt, system_json
@@ -112,9 +114,20 @@ def _missing_runs(runs: ScenarioRuns) -> list[str]:
         if not (runs.path / "performance" / "run_1" / name).is_file():
             problems.append(f"{runs.path / 'performance' / 'run_1' / name}: missing: no performance run to package")
     if not (runs.path / "accuracy" / "mlperf_log_accuracy.json").is_file():
-        problems.append(f"{runs.path / 'accuracy'}: missing: no accuracy run to package "
-                        f"(mlharness run ... --mode accuracy)")
+        why = _view_note(runs.path)
+        problems.append(f"{runs.path / 'accuracy'}: missing: " + (why or "no accuracy run to package "
+                                                                          "(mlharness run ... --mode accuracy)"))
     return problems
+
+
+def _view_note(scenario_dir: Path) -> str | None:
+    """Why the view left an accuracy run out (view.json's note), when it did."""
+    try:
+        view = json.loads((scenario_dir / VIEW_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    note = view.get("note") if isinstance(view, dict) else None
+    return note if isinstance(note, str) and note.startswith("no accuracy/") else None
 
 
 def package(options: PackageOptions) -> PackageResult:
