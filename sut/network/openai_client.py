@@ -8,7 +8,9 @@ A 429 or 503 before the stream starts (the server is busy) is retried up to `ret
 the server's `Retry-After` (at most RETRY_AFTER_CAP_S) or a short doubling wait; every retry is
 counted. Anything else that is not a whole stream ending in `[DONE]` is an EndpointError naming the
 endpoint: an error status, a reset or refused connection, a silence past the timeout, a stream cut short
-or mid-event, an event that is not JSON, an error object in the stream."""
+or mid-event, an event that is not JSON, a line that is no SSE field, an error in the stream (an `error`
+object, llama.cpp's `error:` line; its own message said), an answer that is not a stream at all
+(said so, with its Content-Type, where that is what broke the stream)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +20,7 @@ from typing import Any, AsyncIterator
 
 from mlharness.specs.endpoint import Endpoint
 from mlharness.sut.network.oip_client import EndpointError, ModelInfo
-from mlharness.sut.network.sse import SSEDecoder
+from mlharness.sut.network.sse import Event, SSEDecoder, StrayLine
 
 RETRY_STATUSES = (429, 503)
 RETRY_AFTER_CAP_S = 5.0
@@ -38,6 +40,16 @@ def _message(status: int, body: bytes) -> str:
     if isinstance(error, dict):
         error = error.get("message", error)
     return f"HTTP {status}: {str(error if error is not None else text)[:200].strip()}"
+
+
+def _error_text(error: Any) -> str:
+    """A streamed error's own message: OpenAI's `{"error": {"message": ...}}`, llama.cpp's `{"message": ...}`,
+    else the value itself (200 characters at most)."""
+    if isinstance(error, dict):
+        error = error.get("error", error)
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    return f"{error!s:.200}"
 
 
 def _retry_after(headers: Any, attempt: int) -> float:
@@ -127,24 +139,49 @@ class OpenAIClient:
             raise EndpointError(f"{self.endpoint.url}: POST {path}: {type(exc).__name__}: {exc}") from None
 
     async def _events(self, response: Any, path: str) -> AsyncIterator[tuple[int, Any]]:
-        decoder = SSEDecoder()
+        decoder, head = SSEDecoder(), b""
         async for piece in response.content.iter_any():
             arrived = time.perf_counter_ns()
+            head = head or piece[:80]
             for event in decoder.feed(piece):
+                if isinstance(event, StrayLine):
+                    raise self._not_a_stream(response, path, head) or self._stray(event.line, path)
                 if event.data.strip() == "[DONE]":
                     return
-                try:
-                    chunk = json.loads(event.data)
-                except ValueError:
-                    raise EndpointError(f"{self.endpoint.url}: POST {path}: a streamed event is not JSON: "
-                                        f"{event.data[:80]!r}") from None
-                if isinstance(chunk, dict) and chunk.get("error") is not None:
-                    error = chunk["error"]
-                    raise EndpointError(f"{self.endpoint.url}: POST {path}: the stream carried an error: "
-                                        f"{(error.get('message') if isinstance(error, dict) else error)!s:.200}")
-                yield arrived, chunk
+                yield arrived, self._chunk(event, path)
         cut = " mid-event" if decoder.pending else ""
-        raise EndpointError(f"{self.endpoint.url}: POST {path}: the stream ended{cut} without [DONE]")
+        raise self._not_a_stream(response, path, head) or \
+            EndpointError(f"{self.endpoint.url}: POST {path}: the stream ended{cut} without [DONE]")
+
+    def _chunk(self, event: Event, path: str) -> Any:
+        """An event's parsed chunk; an EndpointError for one that is not JSON or carries an error."""
+        try:
+            chunk = json.loads(event.data)
+        except ValueError:
+            raise EndpointError(f"{self.endpoint.url}: POST {path}: a streamed event is not JSON: "
+                                f"{event.data[:80]!r}") from None
+        if isinstance(chunk, dict) and chunk.get("error") is not None:
+            raise EndpointError(f"{self.endpoint.url}: POST {path}: the stream carried an error: {_error_text(chunk)}")
+        return chunk
+
+    def _stray(self, line: str, path: str) -> EndpointError:
+        """A line that is no SSE field: llama.cpp's server's `error: {...}` (its message said), else the line."""
+        name, _, value = line.partition(":")
+        if name == "error":
+            try:
+                found = json.loads(value)
+            except ValueError:
+                found = value.strip()
+            return EndpointError(f"{self.endpoint.url}: POST {path}: the stream carried an error: {_error_text(found)}")
+        return EndpointError(f"{self.endpoint.url}: POST {path}: a streamed line is no Server-Sent Events field: "
+                             f"{line[:80]!r}")
+
+    def _not_a_stream(self, response: Any, path: str, head: bytes) -> EndpointError | None:
+        """Where the answer is not labelled text/event-stream (the server ignored `stream`), that is the error."""
+        if response.content_type == "text/event-stream":
+            return None
+        return EndpointError(f"{self.endpoint.url}: POST {path}: answered {response.content_type}, not a stream "
+                             f"(text/event-stream): {head.decode('utf-8', errors='replace')!r}")
 
     async def close(self) -> None:
         await self._session.close()

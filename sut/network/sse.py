@@ -2,7 +2,11 @@
 format): lines of `field: value`, an event ends at a blank line, `data` lines of one event are joined
 with newlines, lines starting with `:` are comments (keep-alives). The HTTP client (aiohttp) reads
 the body; this only cuts its bytes into events, fed as they arrive, so an event split across network
-reads is held until its blank line comes."""
+reads is held until its blank line comes.
+
+A line of a field SSE does not have (`data`, `event`, `id`, `retry`) is ignored by the standard; here it
+comes out in order as a `StrayLine`, for the client to refuse: from an LLM server it is content or an
+error lost otherwise (a chunk sent as a bare JSON line, llama.cpp's server's `error: {...}` line)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +18,15 @@ class Event:
     event: str = "message"
 
 
+@dataclass(frozen=True)
+class StrayLine:
+    """A whole line that is no field of SSE's (nor a comment), as it came."""
+    line: str
+
+
+FIELDS = ("data", "event", "id", "retry")
+
+
 class SSEDecoder:
     """Feed it the body's bytes as they arrive; it returns the events completed by each piece."""
 
@@ -22,9 +35,9 @@ class SSEDecoder:
         self._data: list[str] = []
         self._event = ""
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes) -> list[Event | StrayLine]:
         self._buffer += chunk
-        events: list[Event] = []
+        events: list[Event | StrayLine] = []
         while True:
             cut = _line_end(self._buffer)
             if cut is None:
@@ -41,7 +54,9 @@ class SSEDecoder:
                 continue
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
-            if name == "data":
+            if name not in FIELDS:
+                events.append(StrayLine(line))
+            elif name == "data":
                 self._data.append(value)
             elif name == "event":
                 self._event = value
