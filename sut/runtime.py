@@ -91,19 +91,10 @@ def _timed(seconds: dict[str, float], key: str) -> Iterator[None]:
         seconds[key] = time.perf_counter() - started
 
 
-def refuse_generative_options(model: ModelManifest, options: dict[str, Any]) -> None:
-    """A generative model's scheduling asked of a tensor model would be ignored; the runtime that would
-    ignore it refuses it ('continuous' is the default every run carries, so only 'static' was asked)."""
-    if options.get("llm_batching", "continuous") != "continuous":
-        raise UserError(f"llm_batching={options['llm_batching']}: {model.path}: model {model.name} is not generative "
-                        f"(no generation: section); llm_batching schedules a generative model's token generation")
-
-
 def build_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest, backend_name: str,
                   options: dict[str, Any]) -> Runtime:
     """Resolve and verify every source, compile the user code, enumerate the dataset, load the backend;
     each phase is timed into Runtime.cold_start (resolving includes any download or conversion)."""
-    refuse_generative_options(model, options)
     seconds: dict[str, float] = {}
     with _timed(seconds, "resolve_seconds"):
         model_sources = resolve_sources(model) if backend_name != "null" else {}

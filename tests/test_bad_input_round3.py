@@ -235,10 +235,11 @@ def test_llm_batching_on_a_tensor_model_is_refused_naming_the_setting_and_model(
     code, _, err = cli("run", "null", "--scenario", "Offline", "--quick", "--set", "llm_batching=static",
                        "--results-dir", tmp_path / "results")
     assert code == 1
-    assert one_line(err).startswith(f"run failed: llm_batching=static: {REPO / 'specs' / 'models' / 'null.yaml'}: "
-                                    f"model null is not generative (no generation: section); llm_batching schedules "
-                                    f"a generative model's token generation (logs kept in ")
-    assert not list((tmp_path / "results").glob("*/null/Offline/runs/*"))
+    # refused before the run starts (nothing written), naming where the setting came from
+    assert one_line(err) == (f"llm_batching=static (--set llm_batching=static): {REPO / 'specs' / 'models' / 'null.yaml'}: "
+                             f"model null is not generative (no generation: section); llm_batching schedules "
+                             f"a generative model's token generation")
+    assert not list((tmp_path / "results").glob("*/null/Offline/*"))
 
 
 # ---- 6. an unknown profiling level beside `full` -------------------------------------------------------

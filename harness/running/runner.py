@@ -124,6 +124,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     settings = prepare_settings(request, model)
     check_device(backend_name, hardware)
     check_cuda_graphs(settings, backend_name, hardware, model)
+    check_generative_settings(settings, model)
     endpoint = _endpoint_for(request, model)
     # Against a server the framework runs there: nothing of it needs to be installed here.
     installed = system_mod.check_software(software) if not request.endpoint else {}
@@ -319,6 +320,15 @@ def check_device(backend_name: str, hardware: Any) -> None:
     problem = backend_registry.backend_class(backend_name).device_problem(hardware)
     if problem:
         raise UserError(f"{hardware.path}: {problem}")
+
+
+def check_generative_settings(settings: Settings, model: ModelManifest) -> None:
+    """llm_batching schedules a generative model's tokens: set for a tensor model (by any layer) it would be
+    ignored, so it is refused before anything is written, naming where it was set."""
+    if model.generation is None and "llm_batching" in settings.origin:
+        raise UserError(f"llm_batching={settings.harness['llm_batching']} ({settings.where.get('llm_batching', '?')}): "
+                        f"{model.path}: model {model.name} is not generative (no generation: section); llm_batching "
+                        f"schedules a generative model's token generation")
 
 
 def check_cuda_graphs(settings: Settings, backend_name: str, hardware: Any, model: ModelManifest) -> None:
