@@ -69,7 +69,7 @@ async def plain_loop(url: str, seconds: float) -> dict[str, Any]:
     import aiohttp
 
     from mlharness.specs.endpoint import parse_endpoint
-    from mlharness.sut.network.sse import SSEDecoder
+    from mlharness.sut.network.sse import Event, SSEDecoder
 
     prompts = polarity_prompts()
     base = parse_endpoint(url).base_url
@@ -85,7 +85,7 @@ async def plain_loop(url: str, seconds: float) -> dict[str, Any]:
             async with session.post(base + "/chat/completions", json=body) as response:
                 async for piece in response.content.iter_any():
                     for event in decoder.feed(piece):
-                        if first is None and event.data != "[DONE]":
+                        if first is None and isinstance(event, Event) and event.data != "[DONE]":
                             choices = json.loads(event.data).get("choices") or [{}]
                             if (choices[0].get("delta") or {}).get("content"):
                                 first = time.perf_counter_ns()

@@ -127,8 +127,10 @@ def test_a_server_run_is_valid_in_token_mode_with_every_request_recorded(tmp_pat
 def test_a_generative_model_needs_an_openai_server_and_a_tensor_model_another(tmp_path: Path, capsys) -> None:
     """The endpoint's protocol is checked against the model before anything connects."""
     results = tmp_path / "results"
-    assert run_cli("run", "smollm2-135m", "--endpoint", "grpc://127.0.0.1:1", "--results-dir", results) == 1
-    assert run_cli("run", "null", "--endpoint", "openai+http://127.0.0.1:1/v1", "--results-dir", results) == 1
+    assert run_cli("run", "smollm2-135m", "--scenario", "Offline", "--endpoint", "grpc://127.0.0.1:1",
+                   "--results-dir", results) == 1
+    assert run_cli("run", "null", "--scenario", "Offline", "--endpoint", "openai+http://127.0.0.1:1/v1",
+                   "--results-dir", results) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlharness: error")]
     assert len(lines) == 2
     assert "a generative model; give an OpenAI-compatible server as openai+http://HOST:PORT/v1" in lines[0]
