@@ -133,7 +133,7 @@ def test_example_grid_expands_to_its_eight_cells() -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("models: [m]\nscenarios: [Offline]\nbatchsize: [1]\n", "batchsize: expected no such field (allowed: backends, batch_sizes, cluster,"),
-    ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name or {name, backends, datasets, set} (quote \"null\""),
+    ("models: [null]\nscenarios: [Offline]\n", "models[0]: expected a model name or {name, backends, datasets, set, endpoint} (quote \"null\""),
     ("models: [m]\nscenarios: [Offlin]\n", "scenarios[0]: expected one of SingleStream, MultiStream, Server, Offline, got 'Offlin'"),
     ("models: [m]\nscenarios: [Offline]\nsettings: {max_batch: [1]}\n", "settings.max_batch: expected a setting name (did you mean 'max_batch_size'?), got 'max_batch'"),
     ("models: [m]\nscenarios: [Offline]\nrepeat: 0\n", "repeat: expected an integer >= 1, got 0"),
@@ -143,6 +143,8 @@ def test_example_grid_expands_to_its_eight_cells() -> None:
     ("models: [m]\nscenarios: [Offline]\nsoftware: [default, 3]\n", "software[1]: expected a manifest name or path, or 'default', got 3"),
     ("models: [{name: m, datasets: [nope]}]\nscenarios: [Offline]\n", "models[0]: datasets[0]: no dataset"),
     ("models: [m]\nscenarios: [Offline]\nuser_conf: no.conf\n", "user_conf: expected a user.conf file"),
+    ("models: [{name: m, endpoint: 'openai+htp://h:1'}]\nscenarios: [Offline]\n",
+     "models[0]: endpoint: unknown scheme 'openai+htp'"),
 ])
 def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -159,7 +161,7 @@ def test_every_problem_of_a_grid_is_named_at_once_in_the_files_order(tmp_path: P
     with pytest.raises(UserError) as caught:
         load_grid(path)
     assert str(caught.value).splitlines() == [
-        f"{path}: models[1].sets: expected no such field (allowed: backends, datasets, name, set)",
+        f"{path}: models[1].sets: expected no such field (allowed: backends, datasets, endpoint, name, set)",
         f"{path}: timeout: expected a number of seconds > 0, got -1",
         f"{path}: set.Server.qps: expected a setting name (not a LoadGen user.conf key or a harness key; README "
         f"lists them), got 'qps'",
@@ -185,6 +187,19 @@ def test_grid_axes_and_exclude(tmp_path: Path) -> None:
     assert all(c.setting("target_latency") == "0.01" for c in ss)
     assert all(c.setting("target_latency") is None for c in cells if c.scenario == "Offline")
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_a_model_entry_runs_against_its_endpoint_and_keeps_the_other_cells_keys(tmp_path: Path) -> None:
+    """`endpoint` on a model entry: its cells' requests go to that server (recorded in the cell's params);
+    the cells of an entry without one keep the key they had before the field existed."""
+    path = write_grid(tmp_path / "grid.yaml", "models:\n  - 'null'\n  - {name: smollm2-135m, endpoint: "
+                                              "'openai+http://127.0.0.1:8080'}\nquick: true\nscenarios: [Offline]\n")
+    served, here = sorted(load_grid(path).cells, key=lambda cell: cell.model == "null")
+    assert served.request.endpoint == "openai+http://127.0.0.1:8080/v1"
+    assert served.params()["endpoint"] == "openai+http://127.0.0.1:8080/v1"
+    assert here.request.endpoint is None and "endpoint" not in here.params()
+    assert here.key == Cell.of(model="null", backend=None, scenario="Offline", mode="performance", quick=True,
+                               presets=(), overrides=(), profile=()).key
 
 
 def test_legacy_cells_keep_their_keys(tmp_path: Path) -> None:

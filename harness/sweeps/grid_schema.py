@@ -58,18 +58,20 @@ def _name_alone_in_schema(schema: dict[str, Any]) -> None:
 
 class ModelEntry(Doc):
     model_config = ConfigDict(json_schema_extra=_name_alone_in_schema)
-    expected: ClassVar[str] = "a model name or {name, backends, datasets, set}"
+    expected: ClassVar[str] = "a model name or {name, backends, datasets, set, endpoint}"
 
     name: str = Field(description="a model manifest name or path")
     backends: Backends | None = None
     datasets: Datasets | None = None
     set: Settings | None = None
+    endpoint: str | None = Field(None, description="the server that runs this model (mlharness run --endpoint): "
+                                                   "grpc://, http:// or openai+http:// HOST:PORT")
 
     @model_validator(mode="before")
     @classmethod
     def _a_name_alone(cls, data: Any) -> Any:
         if data is None:
-            refuse(f"a model name or {{name, backends, datasets, set}}{NULL_HINT}")
+            refuse(f"a model name or {{name, backends, datasets, set, endpoint}}{NULL_HINT}")
         return {"name": data} if isinstance(data, str) else data
 
 
@@ -79,7 +81,7 @@ class Cluster(Doc):
     cells_per_node: int = Field(1, ge=1, le=1000, description="an integer from 1 to 1000")
 
 
-ModelEntries = one_or_many(ModelEntry, None, "model names or {name, backends, datasets, set}")
+ModelEntries = one_or_many(ModelEntry, None, "model names or {name, backends, datasets, set, endpoint}")
 
 
 def _one_model_in_schema(schema: dict[str, Any]) -> None:

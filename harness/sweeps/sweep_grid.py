@@ -20,6 +20,7 @@ from mlharness.errors import UserError
 from mlharness.running.request import RunRequest
 from mlharness.running.settings import SCENARIOS
 from mlharness.sweeps.grid_schema import GridDoc
+from mlharness.specs.endpoint import parse_endpoint
 from mlharness.specs.validation import ManifestError, load_yaml, problems_from
 
 # Axis names usable in `exclude` entries besides setting keys.
@@ -28,7 +29,7 @@ CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario"
 # axes existed), and dataset, hardware, software and user_conf only when not their default, so a
 # cell that does not use them keeps its key and a resumed sweep still finds its finished cells.
 KEY_FIELDS = ("model", "backend", "scenario", "mode", "quick", "presets", "overrides", "profile")
-OPTIONAL_KEY_FIELDS = {"dataset": None, "hardware": "cpu", "software": None, "user_conf": None}
+OPTIONAL_KEY_FIELDS = {"dataset": None, "hardware": "cpu", "software": None, "user_conf": None, "endpoint": None}
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _backend(value: str) -> str | None:
 
 def _excluded(cell: Cell, batch: Any, threads: Any, rules: list[dict[str, Any]]) -> bool:
     values = {"model": cell.model, "backend": cell.backend or "default", "scenario": cell.scenario,
-              "dataset": cell.dataset or "default", "hardware": cell.hardware, "software": cell.software or "default"}
+              "dataset": cell.dataset or "default", "hardware": cell.hardware, "software": cell.software or "default",
+              "endpoint": cell.request.endpoint or "none"}
     values.update(dict(item.partition("=")[::2] for item in cell.overrides))
     if batch is not None:
         values["batch_size"] = _text(batch)
@@ -196,6 +198,7 @@ def load_grid(path: Path) -> Grid:
         model_datasets = _manifest_axis(entry.datasets, f"{where}: models[{i}]: datasets", "dataset", None) \
             if entry.datasets is not None else datasets
         model_set = _scoped(entry.set)
+        endpoint = parse_endpoint(entry.endpoint, f"{where}: models[{i}]: endpoint").url if entry.endpoint else None
         for backend_value, dataset, hardware, software, scenario in itertools.product(
                 backends, model_datasets, hardware_axis, software_axis, doc.scenarios):
             for combo in itertools.product(*(values for _, values in axes)):
@@ -203,7 +206,7 @@ def load_grid(path: Path) -> Grid:
                 overrides |= {key: _text(value) for (key, _), value in zip(axes, combo)}
                 cell = Cell.of(model=entry.name, backend=_backend(backend_value), dataset=dataset, hardware=hardware,
                                software=software, scenario=scenario, mode=doc.mode, quick=doc.quick, presets=presets,
-                               user_conf=doc.user_conf, profile=profile,
+                               user_conf=doc.user_conf, profile=profile, endpoint=endpoint,
                                overrides=tuple(f"{k}={v}" for k, v in sorted(overrides.items())))
                 if not _excluded(cell, cell.setting("max_batch_size"), cell.setting("intra_op_threads"), doc.exclude):
                     cells.append(cell)
