@@ -23,6 +23,7 @@ a stop token in the answer (the server ignored the stop tokens)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -122,13 +123,10 @@ class TokenExchange:
         return query_id in self._first
 
     async def answer(self, query_id: int, index: int, issued: int) -> Answer:
-        import time
-
         record = RequestRecord(index, query_id, issued, time.perf_counter_ns())
         self.records.append(record)
         counters: dict[str, int] = {}
         pieces: list[str] = []
-        url = self.connection.endpoint.url
         try:
             async for arrived, chunk in self.connection.client.stream(self.api, self.body(self.prompts.prompt(index)),
                                                                       counters):
