@@ -6,15 +6,23 @@ another)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 
+from mlharness.specs import artifacts
+from mlharness.specs.manifests import load_manifest
+from mlharness.sut import bricks as sb
 from mlharness.sut import zoo
 from mlharness.sut.architectures.googlenet import googlenet
 from mlharness.sut.architectures.mobilenet_v2 import mobilenet_v2
+from mlharness.sut.processing import compile_function
+from tests.support import sha256
 
 # Published parameter counts (the papers', or the widely published ImageNet models' where a paper
 # gives none), in millions.
@@ -110,3 +118,72 @@ def test_a_member_is_reproducible_from_its_seed_and_leaves_the_global_generator_
     assert all(torch.equal(first[k], second[k]) for k in first)
     other = zoo.build_module(member, seed=1).state_dict()
     assert any(not torch.equal(first[k], other[k]) for k in first if first[k].is_floating_point())
+
+
+# ---- exported through the project's conversion, with a manifest a user can copy ------------------------
+
+RESNETS = ("resnet-18", "resnet-34", "resnet-50", "resnet-101")
+
+
+@pytest.fixture(scope="module")
+def resnets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zoo.Built]:
+    """Four ResNets built as `mlharness zoo build` does, into the session's cache (about 25 s here)."""
+    out = tmp_path_factory.mktemp("zoo")
+    return {name: zoo.build(zoo.member(name), out) for name in RESNETS}
+
+
+def test_a_member_exports_through_the_conversion_into_a_manifest_the_spec_layer_loads(
+        resnets: dict[str, zoo.Built], tmp_path: Path) -> None:
+    built = resnets["resnet-18"]
+    assert built.graph.parent.parent == artifacts.cache_dir() / "converted"
+    assert sha256(built.graph) == built.sha256
+    manifest = load_manifest(built.manifest, "model")
+    assert (manifest.name, manifest.framework, manifest.default_dataset) == ("resnet-18", "onnxruntime", "synthetic-images")
+    assert manifest.sources["graph"].uri == built.graph.as_uri() and manifest.sources["graph"].sha256 == built.sha256
+    assert artifacts.resolve_all(manifest) == {"graph": built.graph}  # found and verified
+    assert manifest.attributes["max_batch_size"] == 1 and not manifest.accuracy
+    assert "PERFORMANCE ONLY" in manifest.doc["description"]
+    assert [(t.name, t.shape) for t in (*manifest.inputs, *manifest.outputs)] == [
+        ("image", ("batch", 3, 224, 224)), ("logits", ("batch", 1000))]
+    source = load_manifest(built.source_manifest, "model")
+    assert (source.framework, source.factory) == ("torch", "mlharness.sut.architectures.resnet:resnet")
+    # The conversion's own record: the export was checked against the torch module.
+    provenance = json.loads(built.provenance.read_text())
+    assert provenance["artifact"]["sha256"] == built.sha256
+    assert provenance["exporter"]["check"]["max_abs_diff"]["logits"] <= provenance["exporter"]["check"]["tolerance"]
+    # Its code runs on the dataset it names, and the graph takes what it makes.
+    preprocess = compile_function(manifest.preprocess, "preprocess", str(manifest.path))
+    image = np.random.default_rng(0).integers(0, 256, size=(256, 256, 3), dtype=np.uint8)
+    staged = preprocess(image, None)
+    assert staged.shape == (3, 224, 224) and staged.dtype == np.float32
+    (logits,) = ort.InferenceSession(str(built.graph), providers=["CPUExecutionProvider"]).run(None, {"image": staged[None]})
+    assert logits.shape == (1, 1000)
+    # Built again elsewhere: the cached graph is verified and reused, not exported again.
+    again = zoo.build(zoo.member("resnet-18"), tmp_path)
+    assert again.reused and (again.graph, again.sha256) == (built.graph, built.sha256)
+
+
+def _options(level: str = "enable_all") -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = sb.ort_level(level)
+    options.log_severity_level = 3
+    return options
+
+
+def test_the_layers_repeat_within_and_across_the_resnet_family(resnets: dict[str, zoo.Built], tmp_path: Path) -> None:
+    """Decomposed as `mlharness bricks` does (the graph ONNX Runtime executes, every shape fixed by one
+    image): a deeper ResNet adds no brick to a shallower one with the same block, and the family's
+    unique bricks are far fewer than the models' bricks counted one model at a time."""
+    image = {"image": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    providers = ["CPUExecutionProvider"]
+    keys, nodes = {}, {}
+    for name, built in resnets.items():
+        optimized = sb.optimized_graph(built.graph, _options(), providers, tmp_path / f"{name}.opt.onnx")
+        decomposition = sb.decompose(optimized, image, None, _options, providers, "enable_all", name)
+        keys[name], nodes[name] = set(decomposition.by_key), decomposition.node_count
+    assert keys["resnet-34"] <= keys["resnet-18"]  # basic blocks
+    assert keys["resnet-101"] <= keys["resnet-50"]  # bottlenecks
+    union, per_model = set().union(*keys.values()), sum(len(k) for k in keys.values())
+    assert len(union) <= per_model / 2
+    assert len(union) <= sum(nodes.values()) / 5
