@@ -22,7 +22,7 @@ from mlharness.sut import zoo
 from mlharness.sut.architectures.googlenet import googlenet
 from mlharness.sut.architectures.mobilenet_v2 import mobilenet_v2
 from mlharness.sut.processing import compile_function
-from tests.support import sha256
+from tests.support import run_cli, sha256
 
 # Published parameter counts (the papers', or the widely published ImageNet models' where a paper
 # gives none), in millions.
@@ -187,3 +187,39 @@ def test_the_layers_repeat_within_and_across_the_resnet_family(resnets: dict[str
     union, per_model = set().union(*keys.values()), sum(len(k) for k in keys.values())
     assert len(union) <= per_model / 2
     assert len(union) <= sum(nodes.values()) / 5
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+def test_zoo_list_names_every_member(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("zoo", "list") == 0
+    out = capsys.readouterr().out
+    assert all(f"{m.name} " in out for m in zoo.ZOO)
+    assert f"{len(zoo.ZOO)} models in 7 families; random weights (performance only)" in out
+
+
+def test_zoo_build_prints_manifests_that_mlharness_bricks_runs(resnets: dict[str, zoo.Built], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("zoo", "build", "resnet-18", "--out", tmp_path / "zoo") == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [str(tmp_path / "zoo" / "resnet-18.yaml")]
+    assert "resnet-18: cached (verified)" in captured.err  # the fixture converted it
+    results = tmp_path / "results"
+    assert run_cli("bricks", captured.out.strip(), "--results-dir", results, "--time-cap", "0.05", "--no-variants",
+                   "--no-measure") == 0
+    (record,) = results.glob("*/resnet-18/bricks/runs/*/bricks.json")
+    summary = json.loads(record.read_text())["summary"]
+    assert summary["unique_bricks"] == 20 and summary["nodes"] == 25 and summary["estimate_ms"] > 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("resnet18",), "zoo: no member named 'resnet18' (did you mean resnet-18"),
+    (("--family", "resnets"), "--family resnets: not a zoo family (known: resnet, vgg"),
+    ((), "zoo build: name members, a --family or --all"),
+])
+def test_zoo_build_refuses_what_it_does_not_know_in_one_line(args: tuple[str, ...], message: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("zoo", "build", *args) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"mlharness: error: {message}")
+    assert len(captured.err.splitlines()) == 1
