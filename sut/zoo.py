@@ -36,7 +36,7 @@ class ZooMember:
     family: str
     factory: str  # `module:function`, called with a context whose attributes are `options` and the seed
     options: tuple[tuple[str, Any], ...]
-    image_size: int = 224
+    image_size: int = 224  # every member is 224x224; a copy at another size (dataclasses.replace) builds too
 
     @property
     def input_shape(self) -> tuple[int, int, int, int]:

@@ -209,7 +209,7 @@ def test_zoo_build_prints_manifests_that_mlharness_bricks_runs(resnets: dict[str
                    "--no-measure") == 0
     (record,) = results.glob("*/resnet-18/bricks/runs/*/bricks.json")
     summary = json.loads(record.read_text())["summary"]
-    assert summary["unique_bricks"] == 20 and summary["nodes"] == 25 and summary["estimate_ms"] > 0
+    assert 0 < summary["unique_bricks"] < summary["nodes"] and summary["estimate_ms"] > 0  # 20 of 25 here
 
 
 @pytest.mark.parametrize(("args", "message"), [
