@@ -57,8 +57,10 @@ class LlamaServer:
 def llama_server(threads: int = 1) -> Iterator[LlamaServer]:
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python's server extra (make setup-test)")
     port = free_port()
+    # the same threads for the prompt as for decoding (its default prefills on every CPU), as the engine here
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--n_threads", str(threads),
-               "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)]
+               "--n_threads_batch", str(threads), "--interrupt_requests", "False", "--host", "127.0.0.1",
+               "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ), start_new_session=True)
     server = LlamaServer(process, f"openai+http://127.0.0.1:{port}/v1")

@@ -3,10 +3,12 @@ own line says where it listens (no sleeps), stopped by its own pid (SIGTERM, the
 bound), its stderr kept for assertions."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -101,3 +103,69 @@ def _wait_ready(process: subprocess.Popen, log: list[str]) -> list[str]:
     selector.close()
     stop_process(process, log)
     raise AssertionError(f"mlharness serve did not start (exit {process.returncode}): {''.join(log)[-2000:]}")
+
+
+# ---- what the fault tests share (tests/test_network_faults.py, tests/test_openai_faults.py) ----
+
+RUN_BOUND_S = 180.0  # a bound on any one `mlharness run` (a hang fails the test), never a verdict
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkout_env() -> dict[str, str]:
+    """This checkout first on the path (the fake server is this file run as a script)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+
+
+def wait_line(process: subprocess.Popen, log: list[str], pattern: re.Pattern[str], bound_s: float) -> re.Match[str]:
+    """The first line of the process's stderr that matches `pattern` (at most `bound_s` seconds)."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + bound_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stderr, selectors.EVENT_READ)
+        while selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            line = process.stderr.readline()
+            if not line:
+                break
+            log.append(line)
+            match = pattern.search(line.strip())
+            if match:
+                return match
+    raise AssertionError(f"no line matching {pattern.pattern!r} (exit {process.poll()}): {''.join(log)[-2000:]}")
+
+
+def finish(process: subprocess.Popen, bound_s: float = RUN_BOUND_S) -> tuple[int, str]:
+    """(exit status, stderr); a run still going after `bound_s` is a hang: killed (its group), failed."""
+    try:
+        _, err = process.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+        raise AssertionError(f"the run hung (killed after {bound_s:g} s): {err[-2000:]}") from None
+    return process.returncode, err
+
+
+def error_line(err: str) -> str:
+    """A failed command's stderr: exactly one line, no traceback."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def kept_folder(line: str) -> Path:
+    """The failed run's folder the error names (`logs kept in ...`): its run.json says failed."""
+    match = re.search(r"\(logs kept in (\S+)\)", line)
+    assert match, line
+    folder = Path(match[1])
+    assert folder.name.startswith("failed-") and folder.is_dir(), folder
+    record = json.loads((folder / "run.json").read_text())
+    assert record["status"] == "failed" and record["error"] in line
+    return folder
+
+
+def free_port() -> int:
+    """A port nothing listens on: bound and closed again."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+

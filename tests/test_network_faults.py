@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import struct
@@ -41,10 +40,10 @@ from aiohttp import web
 
 from mlharness.sut.network import oip_grpc
 from mlharness.sut.network.oip_client import BINARY_HEADER
-from tests.network_support import Served, mlharness_serve, stop_process
+from tests.network_support import (RUN_BOUND_S, Served, checkout_env, error_line, finish, free_port, kept_folder,
+                                    mlharness_serve, stop_process, wait_line)
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_BOUND_S = 180.0  # a bound on any one `mlharness run` here (a hang fails the test), never a verdict
 START_BOUND_S = 60.0  # a bound on a fake server's start
 LINE_BOUND_S = 30.0  # a bound on a log line's arrival
 
@@ -197,19 +196,14 @@ class Fake:
     log: list[str] = field(default_factory=list)
 
 
-def _env() -> dict[str, str]:
-    """This checkout first on the path (the fake server is this file run as a script)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-
-
 @contextlib.contextmanager
 def fake_oip(fault: str) -> Iterator[Fake]:
     process = subprocess.Popen([sys.executable, __file__, fault], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, env=_env(), start_new_session=True)
+                               text=True, env=checkout_env(), start_new_session=True)
     log: list[str] = []
     drain = None
     try:
-        match = _wait_line(process, log, FAKE_READY, START_BOUND_S)
+        match = wait_line(process, log, FAKE_READY, START_BOUND_S)
         # Keep reading its stderr (its lines say which requests it spoiled; a full pipe would block it).
         drain = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
         drain.start()
@@ -218,38 +212,10 @@ def fake_oip(fault: str) -> Iterator[Fake]:
         stop_process(process, log, drain, grace_s=10.0)
 
 
-def _wait_line(process: subprocess.Popen, log: list[str], pattern: re.Pattern[str], bound_s: float) -> re.Match[str]:
-    """The first line of the process's stderr that matches `pattern` (at most `bound_s` seconds)."""
-    assert process.stderr is not None
-    deadline = time.monotonic() + bound_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stderr, selectors.EVENT_READ)
-        while selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            line = process.stderr.readline()
-            if not line:
-                break
-            log.append(line)
-            match = pattern.search(line.strip())
-            if match:
-                return match
-    raise AssertionError(f"no line matching {pattern.pattern!r} (exit {process.poll()}): {''.join(log)[-2000:]}")
-
-
 def start_run(results: Path, endpoint: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mlharness.cli", "run", "null", "--endpoint", endpoint, *args,
-                             "--results-dir", str(results)], cwd=results.parent, env=_env(),
+                             "--results-dir", str(results)], cwd=results.parent, env=checkout_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def finish(process: subprocess.Popen, bound_s: float = RUN_BOUND_S) -> tuple[int, str]:
-    """(exit status, stderr); a run still going after `bound_s` is a hang: killed (its group), failed."""
-    try:
-        _, err = process.communicate(timeout=bound_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, err = process.communicate()
-        raise AssertionError(f"the run hung (killed after {bound_s:g} s): {err[-2000:]}") from None
-    return process.returncode, err
 
 
 QUICK_SERVER = ("--scenario", "Server", "--quick", "--set", "target_qps=200")
@@ -257,25 +223,6 @@ QUICK_SERVER = ("--scenario", "Server", "--quick", "--set", "target_qps=200")
 
 def run_against(results: Path, endpoint: str, *args: str) -> tuple[int, str]:
     return finish(start_run(results, endpoint, *QUICK_SERVER, *args))
-
-
-def error_line(err: str) -> str:
-    """A failed command's stderr: exactly one line, no traceback."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def kept_folder(line: str) -> Path:
-    """The failed run's folder the error names (`logs kept in ...`): its run.json says failed."""
-    match = re.search(r"\(logs kept in (\S+)\)", line)
-    assert match, line
-    folder = Path(match[1])
-    assert folder.name.startswith("failed-") and folder.is_dir(), folder
-    record = json.loads((folder / "run.json").read_text())
-    assert record["status"] == "failed" and record["error"] in line
-    return folder
 
 
 def loadgen_logs(folder: Path) -> list[Path]:
@@ -302,13 +249,6 @@ def assert_failed_in_loadgen(code: int, err: str, endpoint: str) -> str:
     logs = loadgen_logs(kept_folder(line))
     assert logs and logs[0].stat().st_size > 0, line
     return line
-
-
-def free_port() -> int:
-    """A port nothing listens on: bound and closed again."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---- --endpoint typos --------------------------------------------------------------------------------------

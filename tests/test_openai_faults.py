@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
@@ -34,10 +33,9 @@ from typing import Any, Iterator
 import pytest
 
 from mlharness.sut.network.sse import Event, SSEDecoder, StrayLine
-from tests.network_support import stop_process
+from tests.network_support import checkout_env, error_line, finish, free_port, kept_folder, stop_process, wait_line
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_BOUND_S = 180.0  # a bound on any one `mlharness run` here (a hang fails the test), never a verdict
 START_BOUND_S = 60.0  # a bound on the fake server's start
 LINE_BOUND_S = 60.0  # a bound on a line's arrival in the fake's log
 
@@ -223,19 +221,14 @@ class Fake:
         return sum(text in line for line in self.log)
 
 
-def _env() -> dict[str, str]:
-    """This checkout first on the path (the fake server is this file run as a script)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-
-
 @contextlib.contextmanager
 def fake_openai(fault: str) -> Iterator[Fake]:
     process = subprocess.Popen([sys.executable, __file__, fault, "0"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, env=checkout_env(), start_new_session=True)
     log: list[str] = []
     drain = None
     try:
-        match = _wait_line(process, log, FAKE_READY, START_BOUND_S)
+        match = wait_line(process, log, FAKE_READY, START_BOUND_S)
         # Keep reading its stderr (its lines say which requests it spoiled; a full pipe would block it).
         drain = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
         drain.start()
@@ -244,65 +237,18 @@ def fake_openai(fault: str) -> Iterator[Fake]:
         stop_process(process, log, drain, grace_s=10.0)
 
 
-def _wait_line(process: subprocess.Popen, log: list[str], pattern: re.Pattern[str], bound_s: float) -> re.Match[str]:
-    """The first line of the process's stderr that matches `pattern` (at most `bound_s` seconds)."""
-    assert process.stderr is not None
-    deadline = time.monotonic() + bound_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stderr, selectors.EVENT_READ)
-        while selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            line = process.stderr.readline()
-            if not line:
-                break
-            log.append(line)
-            match = pattern.search(line.strip())
-            if match:
-                return match
-    raise AssertionError(f"no line matching {pattern.pattern!r} (exit {process.poll()}): {''.join(log)[-2000:]}")
-
-
 OFFLINE = ("--scenario", "Offline", "--set", "dataset_limit=20", "--set", "warmup_queries=0", "--quiet")
 
 
 def start_run(results: Path, endpoint: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mlharness.cli", "run", MODEL, "--backend", "llama_cpp",
                              "--endpoint", endpoint, *OFFLINE, *args, "--results-dir", str(results)],
-                            cwd=results.parent, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=results.parent, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-
-
-def finish(process: subprocess.Popen, bound_s: float = RUN_BOUND_S) -> tuple[int, str]:
-    """(exit status, stderr); a run still going after `bound_s` is a hang: killed (its group), failed."""
-    try:
-        _, err = process.communicate(timeout=bound_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, err = process.communicate()
-        raise AssertionError(f"the run hung (killed after {bound_s:g} s): {err[-2000:]}") from None
-    return process.returncode, err
 
 
 def run_against(results: Path, endpoint: str, *args: str) -> tuple[int, str]:
     return finish(start_run(results, endpoint, *args))
-
-
-def error_line(err: str) -> str:
-    """A failed command's stderr: exactly one line, no traceback."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def kept_folder(line: str) -> Path:
-    """The failed run's folder the error names (`logs kept in ...`): its run.json says failed."""
-    match = re.search(r"\(logs kept in (\S+)\)", line)
-    assert match, line
-    folder = Path(match[1])
-    assert folder.name.startswith("failed-") and folder.is_dir(), folder
-    record = json.loads((folder / "run.json").read_text())
-    assert record["status"] == "failed" and record["error"] in line
-    return folder
 
 
 def requests_sent(folder: Path) -> list[dict[str, Any]]:
@@ -343,13 +289,6 @@ def newest_record(results: Path) -> dict[str, Any]:
     """The run.json of the one ok run under `results`."""
     (path,) = results.glob(f"*/{MODEL}/Offline/runs/*/run.json")
     return json.loads(path.read_text())
-
-
-def free_port() -> int:
-    """A port nothing listens on: bound and closed again."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_log(fake: Fake, text: str, run: subprocess.Popen) -> None:
