@@ -169,3 +169,21 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
+
+@contextmanager
+def fake_server(command: list[str], ready: re.Pattern[str], bound_s: float
+                ) -> Iterator[tuple[subprocess.Popen, re.Match[str], list[str]]]:
+    """A test's own misbehaving server (a script run as `command`): (its process, its ready line's match,
+    its stderr lines so far and to come), stopped by its pid on the way out."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=checkout_env(), start_new_session=True)
+    log: list[str] = []
+    drain = None
+    try:
+        match = wait_line(process, log, ready, bound_s)
+        # Keep reading its stderr (its lines say which requests it spoiled; a full pipe would block it).
+        drain = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
+        drain.start()
+        yield process, match, log
+    finally:
+        stop_process(process, log, drain, grace_s=10.0)

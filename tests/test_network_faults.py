@@ -25,7 +25,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,8 +39,8 @@ from aiohttp import web
 
 from mlharness.sut.network import oip_grpc
 from mlharness.sut.network.oip_client import BINARY_HEADER
-from tests.network_support import (RUN_BOUND_S, Served, checkout_env, error_line, finish, free_port, kept_folder,
-                                    mlharness_serve, stop_process, wait_line)
+from tests.network_support import (RUN_BOUND_S, Served, checkout_env, error_line, fake_server, finish, free_port,
+                                    kept_folder, mlharness_serve)
 
 REPO = Path(__file__).resolve().parent.parent
 START_BOUND_S = 60.0  # a bound on a fake server's start
@@ -198,18 +197,8 @@ class Fake:
 
 @contextlib.contextmanager
 def fake_oip(fault: str) -> Iterator[Fake]:
-    process = subprocess.Popen([sys.executable, __file__, fault], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, env=checkout_env(), start_new_session=True)
-    log: list[str] = []
-    drain = None
-    try:
-        match = wait_line(process, log, FAKE_READY, START_BOUND_S)
-        # Keep reading its stderr (its lines say which requests it spoiled; a full pipe would block it).
-        drain = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
-        drain.start()
+    with fake_server([sys.executable, __file__, fault], FAKE_READY, START_BOUND_S) as (process, match, log):
         yield Fake(process, match["http"], match["grpc"], log)
-    finally:
-        stop_process(process, log, drain, grace_s=10.0)
 
 
 def start_run(results: Path, endpoint: str, *args: str) -> subprocess.Popen:

@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any, Iterator
 import pytest
 
 from mlharness.sut.network.sse import Event, SSEDecoder, StrayLine
-from tests.network_support import checkout_env, error_line, finish, free_port, kept_folder, stop_process, wait_line
+from tests.network_support import checkout_env, error_line, fake_server, finish, free_port, kept_folder
 
 REPO = Path(__file__).resolve().parent.parent
 START_BOUND_S = 60.0  # a bound on the fake server's start
@@ -223,18 +222,8 @@ class Fake:
 
 @contextlib.contextmanager
 def fake_openai(fault: str) -> Iterator[Fake]:
-    process = subprocess.Popen([sys.executable, __file__, fault, "0"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, env=checkout_env(), start_new_session=True)
-    log: list[str] = []
-    drain = None
-    try:
-        match = wait_line(process, log, FAKE_READY, START_BOUND_S)
-        # Keep reading its stderr (its lines say which requests it spoiled; a full pipe would block it).
-        drain = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
-        drain.start()
+    with fake_server([sys.executable, __file__, fault, "0"], FAKE_READY, START_BOUND_S) as (process, match, log):
         yield Fake(process, match["url"], log)
-    finally:
-        stop_process(process, log, drain, grace_s=10.0)
 
 
 OFFLINE = ("--scenario", "Offline", "--set", "dataset_limit=20", "--set", "warmup_queries=0", "--quiet")

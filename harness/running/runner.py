@@ -467,8 +467,7 @@ def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy
         from mlharness.running import llm_accuracy
 
         spec = dataset.evaluation or model.accuracy
-        decode = getattr(runtime, "decode", None) or runtime.backend.decode  # a server's run: the client's tokenizer
-        report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", decode, runtime.labels, spec,
+        report = llm_accuracy.score(dest / "mlperf_log_accuracy.json", runtime.decode, runtime.labels, spec,
                                     str(dataset.path if dataset.evaluation else model.path), reference,
                                     model.result or model.outputs[0])
         if reference is not None:

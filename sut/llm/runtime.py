@@ -65,6 +65,9 @@ class LLMRuntime:
     def labels(self) -> list[Any]:
         return self.staged.labels()
 
+    def decode(self, ids: Any) -> str:
+        return self.backend.decode(ids)
+
 
 def is_generative(model: ModelManifest) -> bool:
     return model.generation is not None
