@@ -49,6 +49,9 @@ class FrameworkTracer(Tracer):
             "files": [p.name for p in profile.files],
             "op_self_pairs": self_times(ops),  # replaced by the session once predict time is known
         }
+        kernels = [ev.dur_ns for ev, _ in events if ev.device != "cpu"]
+        if kernels:  # device work the framework's profiler saw (CUDA kernels and copies through CUPTI)
+            summary["device_kernels"] = {"count": len(kernels), "total_ms": round(sum(kernels) / 1e6, 3)}
         if runs:
             summary["stages"] = {"framework_run": stage_stats(runs)}
         return LevelResult(self.level, "ok", spans=spans, summary=summary, files=list(profile.files))

@@ -126,9 +126,10 @@ class ProfileSession:
             model = by_level.get("model")
             if model is not None and model.status == "ok":
                 basis, total = "model level predict spans", int(model.summary["predict_total_ms"] * 1e6)
-            else:
-                basis = "framework runs"
-                total = int(stages.get("framework_run", {}).get("total_ms", 0) * 1e6)
+            else:  # the framework's own runs (ONNX Runtime), else the device's predict spans (torch on a GPU)
+                stage = "device_predict" if "framework_run" not in stages and "device_predict" in stages else "framework_run"
+                basis = {"framework_run": "framework runs", "device_predict": "device_predict spans"}[stage]
+                total = int(stages.get(stage, {}).get("total_ms", 0) * 1e6)
             summary["operators"] = {"framework": framework.summary["framework"], "predict_basis": basis,
                                     **operator_table(framework.summary, total)}
         for r in results:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -121,8 +122,11 @@ def pycuda_problem() -> str | None:
 class PycudaMemory:
     """DeviceMemory on cuda:N through pycuda, in the device's primary context (the one the CUDA
     runtime, and so ONNX Runtime, uses): addresses pass between the two without copies. Each thread
-    that touches it pushes that context once and gets a stream of its own, so SUT workers never wait
-    on each other's copies."""
+    that touches it gets a stream of its own, so SUT workers never wait on each other's copies.
+
+    The context is pushed for each operation and popped after it, never left current: pycuda aborts
+    the process when a thread, or the interpreter at exit, ends with a context it pushed still on its
+    stack (seen on an H200 on 2026-11-27: the run's process died of SIGABRT after its last sample)."""
 
     device = "cuda"
     kind = "pycuda"
@@ -139,52 +143,68 @@ class PycudaMemory:
         self._context = cuda.Device(device_id).retain_primary_context()
         self._local = threading.local()
 
-    def _stream(self) -> Any:
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            self._context.push()  # once per thread; the thread keeps it current until it ends
-            stream = self._local.stream = self._cuda.Stream()
-        return stream
+    @contextmanager
+    def _active(self) -> Iterator[Any]:
+        """The primary context current on this thread for one operation; yields the thread's stream."""
+        self._context.push()
+        try:
+            stream = getattr(self._local, "stream", None)
+            if stream is None:
+                stream = self._local.stream = self._cuda.Stream()
+            yield stream
+        finally:
+            self._cuda.Context.pop()
 
     def empty(self, shape: Sequence[int], dtype: np.dtype) -> DeviceArray:
-        self._stream()
         dtype = np.dtype(dtype)
         nbytes = max(1, int(np.prod(tuple(shape), dtype=np.int64)) * dtype.itemsize)
-        allocation = self._cuda.mem_alloc(nbytes)
+        with self._active():
+            allocation = self._cuda.mem_alloc(nbytes)
         return DeviceArray(int(allocation), tuple(shape), dtype, self.device, self.device_id, allocation)
 
     def upload(self, array: np.ndarray) -> DeviceArray:
         """Once per LoadQuerySamples, outside the timed region: a plain synchronous copy."""
         target = self.empty(array.shape, array.dtype)
-        self._cuda.memcpy_htod(target.ptr, np.ascontiguousarray(array))
+        with self._active():
+            self._cuda.memcpy_htod(target.ptr, np.ascontiguousarray(array))
         return target
 
     def pinned_empty(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
-        self._stream()
-        return self._cuda.pagelocked_empty(tuple(shape), np.dtype(dtype))
+        with self._active():
+            return self._cuda.pagelocked_empty(tuple(shape), np.dtype(dtype))
 
     def copy_rows(self, src: DeviceArray, rows: np.ndarray, dst: DeviceArray) -> None:
         check_rows(rows, src.shape[0])
-        stream, stride = self._stream(), src.row_bytes
-        for at, row, count in row_runs(rows):
-            self._cuda.memcpy_dtod_async(dst.ptr + at * stride, src.ptr + row * stride, count * stride, stream)
+        stride = src.row_bytes
+        with self._active() as stream:
+            for at, row, count in row_runs(rows):
+                self._cuda.memcpy_dtod_async(dst.ptr + at * stride, src.ptr + row * stride, count * stride, stream)
 
     def copy_in(self, host: np.ndarray, dst: DeviceArray) -> None:
         # A host array from outside the staging (the warm-up's): not page-locked, so a synchronous copy.
-        self._stream()
-        self._cuda.memcpy_htod(dst.ptr, np.ascontiguousarray(host))
+        with self._active():
+            self._cuda.memcpy_htod(dst.ptr, np.ascontiguousarray(host))
 
     def copy_out(self, src_ptr: int, nbytes: int, host: np.ndarray) -> None:
         """Into a page-locked buffer from pinned_empty: asynchronous on this thread's stream."""
-        self._cuda.memcpy_dtoh_async(host.reshape(-1).view(np.uint8)[:nbytes], src_ptr, self._stream())
+        with self._active() as stream:
+            self._cuda.memcpy_dtoh_async(host.reshape(-1).view(np.uint8)[:nbytes], src_ptr, stream)
 
     def synchronize(self) -> None:
-        self._stream().synchronize()
+        with self._active() as stream:
+            stream.synchronize()
 
     def new_event(self) -> Any:
         """A CUDA event for timing work on this thread's stream (mlharness.sut.device_timing)."""
-        self._stream()
-        return self._cuda.Event()
+        with self._active():
+            return self._cuda.Event()
 
     def record(self, event: Any) -> None:
-        event.record(self._stream())
+        with self._active() as stream:
+            event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two recorded events, once the later one has completed."""
+        with self._active():
+            end.synchronize()
+            return start.time_till(end)

@@ -375,6 +375,37 @@ def test_harness_level_draws_cuda_event_spans_on_the_device_track(tmp_path: Path
     assert cpu_tracer.collect((0, 1)).summary["device_timing"].startswith("off")
 
 
+def test_framework_level_counts_the_device_kernels_its_profiler_saw(tmp_path: Path) -> None:
+    """A framework profile with CUDA kernels in it (torch.profiler's CUPTI events; written here, no GPU):
+    the kernels go on the device track and the level's summary counts them, in the window only."""
+    from mlharness.profiling.clock import ClockAnchor
+    from mlharness.profiling.framework_tracer import FrameworkTracer
+    from mlharness.profiling.tracer import TraceContext
+    from mlharness.sut.backends.base import FrameworkProfile, OpEvent
+
+    events = [OpEvent("aten::conv2d", "op", "aten::conv2d", 1_000, 500, 7),
+              OpEvent("sm90_gemm", "kernel", "sm90_gemm", 1_100, 300_000, 7, "cuda"),
+              OpEvent("Memcpy DtoH", "kernel", "Memcpy DtoH", 1_500, 100_000, 7, "cuda"),
+              OpEvent("late_kernel", "kernel", "late_kernel", 50_000, 100, 7, "cuda")]
+
+    class Backend:
+        def start_profiling(self, out_dir: Path) -> None:
+            pass
+
+        def end_profiling(self) -> FrameworkProfile:
+            return FrameworkProfile("torch", "monotonic", events)
+
+    ctx = TraceContext(SimpleNamespace(backend=Backend()), tmp_path, ClockAnchor.measure())
+    with FrameworkTracer(ctx) as tracer:
+        pass
+    result = tracer.collect((0, 10_000))
+    assert result.summary["device_kernels"] == {"count": 2, "total_ms": 0.4}
+    assert [s.name for s in result.spans if s.track == "device"] == ["sm90_gemm", "Memcpy DtoH"]
+    cpu_only = FrameworkTracer(ctx)
+    cpu_only.profile = FrameworkProfile("torch", "monotonic", events[:1])
+    assert "device_kernels" not in cpu_only.collect((0, 10_000)).summary
+
+
 def test_nvml_readings_include_power_and_clocks_and_skip_what_a_board_lacks() -> None:
     """A stand-in pynvml (no driver here) answering as NVML does, one GPU without a power reading."""
     from mlharness.profiling import nvml
