@@ -279,7 +279,11 @@ def median_ci(sorted_values: Sequence[float], z: float = 1.959964) -> tuple[floa
 
 class Sampler:
     """Timed calls of one thing, kept so more can be added later (the suite's estimate-level rule asks
-    the bricks that matter most for more calls). Milliseconds."""
+    the bricks that matter most for more calls). Milliseconds.
+
+    `phases` says where its wall seconds went: `setup` (the session, weight prepacking included),
+    `warmup`, `prepare` (`before_each`: rewriting inputs, evicting), `timed` (inside the timed calls)
+    and `loop` (the rest: the clock, bookkeeping)."""
 
     def __init__(self, call: Callable[[], Any], before_each: Callable[[], Any] | None = None,
                  setup_seconds: float = 0.0, warmup_repeats: int = 3, warmup_seconds: float = 0.0):
@@ -287,6 +291,7 @@ class Sampler:
         self.times: list[float] = []
         self.timed = 0.0  # seconds inside the timed calls
         self.seconds = setup_seconds  # wall seconds spent, set-up and warm-up included
+        self.phases = {"setup": setup_seconds, "warmup": 0.0, "prepare": 0.0, "timed": 0.0, "loop": 0.0}
         started = time.perf_counter()
         calls = 0
         while calls < warmup_repeats or time.perf_counter() - started < warmup_seconds:
@@ -294,20 +299,28 @@ class Sampler:
                 before_each()
             call()
             calls += 1
-        self.seconds += time.perf_counter() - started
+        self.phases["warmup"] = time.perf_counter() - started
+        self.seconds += self.phases["warmup"]
 
     def extend(self, count: int) -> None:
         started = time.perf_counter()
         clock, call, before_each = time.perf_counter_ns, self.call, self.before_each
+        preparing = 0
         for _ in range(count):
             if before_each is not None:
+                ready = clock()
                 before_each()
+                preparing += clock() - ready
             before = clock()
             call()
             elapsed = clock() - before
             self.times.append(elapsed / 1e6)
             self.timed += elapsed / 1e9
-        self.seconds += time.perf_counter() - started
+            self.phases["timed"] += elapsed / 1e9
+        spent = time.perf_counter() - started
+        self.phases["prepare"] += preparing / 1e9
+        self.phases["loop"] = self.seconds + spent - sum(v for k, v in self.phases.items() if k != "loop")
+        self.seconds += spent
 
     def stable(self, tolerance: float) -> bool:
         median, low, high = median_ci(sorted(self.times))

@@ -157,12 +157,14 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
         return options
 
     # The cost of a session call that does nothing, at each thread count a variant uses.
+    empties_started = time.perf_counter()
     empty_model = sb.empty_session_model(optimized.opset_import, optimized.ir_version)
     empties: dict[str, float] = {}
     for variant_threads in sorted({threads} | {v[0] for v in variants}):
         session = sb.new_session(empty_model, options_for(variant_threads, sb.AS_EXECUTED), providers[:1])
         empties[str(variant_threads)] = sb.measure(sb.session_call(session, {"x": np.zeros(1, np.float32)}),
                                                    sb.ConfidenceRule(time_cap=0.5)).median_ms
+    empties_seconds = time.perf_counter() - empties_started
     # The whole model, in a plain session with the run's options: its median, and how long it took to
     # reach the same confidence as a brick (the time the bricks are compared with).
     whole_started = time.perf_counter()
@@ -222,11 +224,14 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
         estimate_ci = _refine(samplers, fixed, by_key, empty, rule)
     finally:
         ticker.__exit__(None, None, None)
+    brick_phases = {"setup": 0.0, "warmup": 0.0, "prepare": 0.0, "timed": 0.0, "loop": 0.0}
     for brick in decomposition.bricks:
         found = found_by_key[brick.key]
         if brick.key in samplers:
             sampler = samplers[brick.key]
             measuring_seconds += sampler.seconds
+            for phase, seconds in sampler.phases.items():
+                brick_phases[phase] += seconds
             found[main_variant] = _row(brick, main_variant, sampler.measurement(rule.tolerance))
             measured_rows.append(found[main_variant])
         main = found[main_variant]
@@ -263,6 +268,10 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
         "empty_call_ms": empties[str(threads)],
         "brick_seconds": measuring_seconds, "variant_seconds": variant_seconds, "reuse_saved_seconds": reuse_saved,
         "decompose_seconds": decompose_seconds,
+        # Where this run's wall time went (docs/bricks.md, "Where a brick's time goes").
+        "phase_seconds": {"decompose": decompose_seconds, "empty_calls": empties_seconds,
+                          "whole_model": whole.seconds, **{f"brick_{k}": v for k, v in brick_phases.items()},
+                          "variants": variant_seconds, "total": time.perf_counter() - started},
         "whole_model_seconds": whole.seconds, "whole_model_repeats": whole.repeats, "whole_model_stable": whole.stable,
         # Benchmarking time at equal confidence: the whole model against the bricks this run measured
         # (what reuse saved included in the second figure, as if nothing had been measured before).
