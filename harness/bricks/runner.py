@@ -162,8 +162,8 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     empties: dict[str, float] = {}
     for variant_threads in sorted({threads} | {v[0] for v in variants}):
         session = sb.new_session(empty_model, options_for(variant_threads, sb.AS_EXECUTED), providers[:1])
-        empties[str(variant_threads)] = sb.measure(sb.session_call(session, {"x": np.zeros(1, np.float32)}),
-                                                   sb.ConfidenceRule(time_cap=0.5)).median_ms
+        empty_call, _, _ = sb.bound_call(session, {"x": np.zeros(1, np.float32)})  # called as a brick is
+        empties[str(variant_threads)] = sb.measure(empty_call, sb.ConfidenceRule(time_cap=0.5)).median_ms
     empties_seconds = time.perf_counter() - empties_started
     # The whole model, in a plain session with the run's options: its median, and how long it took to
     # reach the same confidence as a brick (the time the bricks are compared with).
@@ -183,6 +183,13 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     measuring_seconds = 0.0  # the bricks as executed: what the composed estimate cost
     variant_seconds = 0.0  # the lower bound's other variants
     samplers: dict[str, Any] = {}  # brick key -> its as-executed Sampler, for bricks measured by this run
+    # (brick key, variant) -> its Sampler, for the other variants this run measured. Only the fastest
+    # of a brick's other variants keeps its session (and may take more calls); the others' are let go.
+    variant_samplers: dict[tuple[str, str], Any] = {}
+    threads_of = {name: str(parse_variant(name)[0]) for name in [main_variant, *variant_names]}
+
+    def net(name: str, median_ms: float) -> float:
+        return compose.net_variant_ms(median_ms, empties.get(threads_of[name], 0.0))
     found_by_key: dict[str, dict[str, dict[str, Any]]] = {}
     from mlharness.running.progress import Snapshot, Ticker, quiet_from_env
 
@@ -202,17 +209,20 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             setup_started = time.perf_counter()
             session = sb.new_session(brick.model_bytes, options_for(variant_threads, opt_level), [provider])
             setup = time.perf_counter() - setup_started
-            call, fresh = sb.fresh_inputs_call(session, brick.feed)
+            call, fresh = sb.fresh_bound_call(session, brick.feed)
             fresh = sb.evicting(fresh, brick, model_weights)
-            if name == main_variant:  # a first sample now; the estimate's rule decides how many more
-                sampler = sb.Sampler(call, fresh, setup, rule.warmup_repeats, rule.warmup_seconds)
-                sampler.extend(rule.min_repeats)
+            # A first sample now; the estimate's rule (the lower bound's, for the other variants)
+            # decides how many more.
+            sampler = sb.Sampler(call, fresh, setup, rule.warmup_repeats, rule.warmup_seconds)
+            sampler.extend(rule.min_repeats)
+            if name == main_variant:
                 samplers[brick.key] = sampler
-                continue
-            measurement = sb.measure(call, variant_rule, setup_seconds=setup, before_each=fresh)
-            variant_seconds += measurement.seconds
-            found[name] = _row(brick, name, measurement)
-            measured_rows.append(found[name])
+            else:
+                variant_samplers[(brick.key, name)] = sampler
+        mine = sorted((net(name, float(np.median(sampler.times))), name)
+                      for (key, name), sampler in variant_samplers.items() if key == brick.key)
+        for _, name in mine[1:]:
+            variant_samplers[(brick.key, name)].release()
         done_bricks[0] = position
 
     # The estimate's confidence: more calls for the bricks that add most to its interval, until the
@@ -222,8 +232,32 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     by_key = decomposition.by_key
     try:
         estimate_ci = _refine(samplers, fixed, by_key, empty, rule)
+        if variant_samplers:
+            # The lower bound's confidence, by the same rule: a brick counts at its fastest variant, and
+            # where that is one this run sampled, that variant takes more calls as the estimate's do.
+            for key in samplers:
+                found_by_key[key][main_variant] = _row(by_key[key], main_variant, samplers[key].measurement(rule.tolerance))
+            for key in samplers:
+                samplers[key].release()  # the estimate is settled: its sessions are not needed
+            best_samplers: dict[str, Any] = {}
+            best_fixed: dict[str, dict[str, Any]] = {}
+            for brick in decomposition.bricks:
+                candidates = {name: float(row["median_ms"]) for name, row in found_by_key[brick.key].items()}
+                candidates |= {name: float(np.median(sampler.times)) for (key, name), sampler in variant_samplers.items()
+                               if key == brick.key}
+                best_name = min(candidates, key=lambda name: net(name, candidates[name]))
+                if (brick.key, best_name) in variant_samplers:
+                    best_samplers[brick.key] = variant_samplers[(brick.key, best_name)]
+                else:
+                    best_fixed[brick.key] = found_by_key[brick.key][best_name]
+            _refine(best_samplers, best_fixed, by_key, empty, variant_rule)
     finally:
         ticker.__exit__(None, None, None)
+    for (key, name), sampler in variant_samplers.items():
+        sampler.release()
+        variant_seconds += sampler.seconds
+        found_by_key[key][name] = _row(by_key[key], name, sampler.measurement(variant_rule.tolerance))
+        measured_rows.append(found_by_key[key][name])
     brick_phases = {"setup": 0.0, "warmup": 0.0, "prepare": 0.0, "timed": 0.0, "loop": 0.0}
     for brick in decomposition.bricks:
         found = found_by_key[brick.key]
@@ -234,6 +268,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
                 brick_phases[phase] += seconds
             found[main_variant] = _row(brick, main_variant, sampler.measurement(rule.tolerance))
             measured_rows.append(found[main_variant])
+            sampler.release()
         main = found[main_variant]
         others = {name: float(r["median_ms"]) for name, r in found.items()}
         best = compose.best_variant(others, empties, {name: str(parse_variant(name)[0]) for name in others}) \
@@ -249,7 +284,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
             "variants": {name: {k: r.get(k) for k in ("median_ms", "ci_low_ms", "ci_high_ms", "repeats", "stable")}
                          for name, r in sorted(found.items())},
             "best_variant": figure.best_variant, "best_net_ms": figure.best_ms})
-    samplers.clear()  # the sessions: a large model's weights are held by them
+    samplers.clear()
 
     estimate = compose.estimate_ms(figures, empties[str(threads)])
     lower = compose.lower_bound_ms(figures, empties[str(threads)]) if request.variants else None
