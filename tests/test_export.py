@@ -16,14 +16,22 @@ from tests.support import NULL_OFFLINE, null_offline_pair, run_cli, run_new
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("export") / "r"
     ids = null_offline_pair(root)
-    ids["singlestream"] = run_new(root, "null", "--scenario", "SingleStream", "--quick")
-    ids["newer"] = run_new(root, *NULL_OFFLINE, "--set", "max_batch_size=8")
+    # Verdicts no machine can flip: 64 SingleStream queries with no minimum duration are VALID by count
+    # alone (LoadGen's early stopping needs 64); Offline at target_qps 10 issues one query of 11 samples,
+    # which ends long before the preset's minimum duration: INVALID.
+    ids["singlestream"] = run_new(root, "null", "--scenario", "SingleStream", "--quick", "--set", "min_duration=0",
+                                  "--set", "min_query_count=64")
+    ids["newer"] = run_new(root, *NULL_OFFLINE, "--set", "max_batch_size=8", "--set", "target_qps=10")
     return {"root": root, "ids": ids}
 
 
 def _stored(root: Path) -> dict[str, dict]:
+    """Each stored run's index row, its figures, and LoadGen's verdict from its stored record."""
     with ResultStore(root / "mlharness.sqlite", create=False) as store:
-        return {row["run_id"]: dict(row) | {"figures": store.run_metrics(row["run_id"])} for row in store.list_runs()}
+        return {row["run_id"]: dict(row) | {"figures": store.run_metrics(row["run_id"]),
+                                            "loadgen_result": (store.get_run(row["run_id"]).get("performance") or {})
+                                            .get("result")}
+                for row in store.list_runs()}
 
 
 def test_csv_and_jsonl_read_back_as_the_database(results: dict, tmp_path: Path) -> None:
@@ -46,6 +54,7 @@ def test_csv_and_jsonl_read_back_as_the_database(results: dict, tmp_path: Path) 
             assert float(row["metric_value"]) == line["metric_value"] == db["metric_value"]
         assert line["accuracy.top1"] == db["figures"].get("accuracy.top1")
         assert line["batch_size"] == db["batch_size"]
+        assert line["loadgen_result"] == db["loadgen_result"] and row["loadgen_result"] == (db["loadgen_result"] or "")
     accuracy = next(line for line in lines if line["run_id"] == results["ids"]["accuracy"])
     assert (accuracy["accuracy.top1"], accuracy["mode"]) == (0.5, "accuracy")
 
@@ -72,7 +81,10 @@ def test_summary_in_mlcommons_shape(results: dict, capsys: pytest.CaptureFixture
     # SingleStream as MLPerf reports it: the 90th percentile latency in milliseconds
     assert single["units"] == "Latency (ms)" and single["accuracy_run"] is None
     assert single["value"] == pytest.approx(stored[ids["singlestream"]]["figures"]["singlestream.p90_latency_ns"] / 1e6)
-    assert single["valid"] in ("VALID", "INVALID")
+    # the verdict LoadGen gave each run, as stored: the record's and the database's agree with the summary row
+    for row, run_id, verdict in ((offline, ids["newer"], "INVALID"), (single, ids["singlestream"], "VALID")):
+        assert row["valid"] == stored[run_id]["loadgen_result"] == verdict
+        assert stored[run_id]["result_valid"] == (verdict == "VALID")
 
     assert run_cli("results", "export", "--summary", "--format", "table", "--results-dir", results["root"]) == 0
     table = capsys.readouterr().out.splitlines()
