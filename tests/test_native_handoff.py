@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -97,12 +98,50 @@ def test_gather_matches_python(dtype: type, row_shape: tuple[int, ...]) -> None:
 
 
 def test_gather_large_copy_releases_gil_and_matches() -> None:
-    # Above the size at which the copy runs without the GIL.
-    staged = np.random.default_rng(1).standard_normal((64, 3, 64, 64)).astype(np.float32)
-    rows = np.array([63, 0, 5, 5, 17, 63, 2, 40])
-    out = np.empty((len(rows), 3, 64, 64), np.float32)
-    _native.NativeHandoff().gather(staged, rows, out)
-    np.testing.assert_array_equal(out, staged[rows])
+    """Above the size at which the copy runs without the GIL (256 KiB), another Python thread keeps
+    running while gather copies: a thread stamping the clock in a loop leaves no pause longer than half
+    the call (with the GIL held it could not stamp at all until the copy ended). 256 MiB make the call
+    tens of milliseconds long; the switch interval is shortened so the GIL changes hands within 0.1 ms
+    at the call's edges; on a loaded machine the thread may miss a call, so the best of 5 is judged."""
+    staged = np.random.default_rng(1).integers(-2**31, 2**31 - 1, (4, 1 << 20), dtype=np.int32).view(np.float32)
+    rows = np.array([3, 0, 1, 1, 2, 0, 3, 2] * 8)
+    out = np.empty((len(rows), 1 << 20), np.float32)  # 256 MiB
+    handoff = _native.NativeHandoff()
+    handoff.gather(staged, rows, out)  # the pages of out touched once before the timed calls
+    stamps: list[int] = []
+    stop = threading.Event()
+
+    def stamp() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter_ns())
+
+    calls = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    thread = threading.Thread(target=stamp, daemon=True)
+    thread.start()
+    try:
+        while len(stamps) < 1000:  # the thread runs
+            time.sleep(0.001)
+        for _ in range(5):
+            out.fill(0)
+            stamps.clear()
+            begin = time.perf_counter_ns()
+            handoff.gather(staged, rows, out)
+            end = time.perf_counter_ns()
+            inside = [begin, *(t for t in list(stamps) if begin < t < end), end]
+            calls.append((end - begin, max(b - a for a, b in zip(inside, inside[1:]))))
+            if calls[-1][1] < calls[-1][0] / 2:
+                break
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert any(longest < duration / 2 for duration, longest in calls), \
+        "no Python thread ran during gather (call ms, longest pause ms): " + \
+        ", ".join(f"({d / 1e6:.1f}, {g / 1e6:.1f})" for d, g in calls)
+    for i, row in enumerate(rows):
+        assert out[i].tobytes() == staged[row].tobytes(), i
 
 
 @pytest.mark.parametrize("name", ["python", "native"])
