@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ import pytest
 from mlharness.records.record_metrics import flatten, higher_is_better
 from mlharness.specs.manifests import load_manifest
 from mlharness.sut.runtime import Runtime, build_runtime
+from mlharness.sut import warmup as warmup_module
 from mlharness.sut.staging import SampleError
 from mlharness.sut.warmup import first_inference_and_warm_up
 from tests.support import REPO, write_manifest
@@ -77,19 +78,25 @@ def test_warm_up_runs_at_least_the_requested_seconds(null_runtime: Runtime) -> N
     assert warmup["samples"] == 4 * warmup["queries"]
 
 
-def test_the_fastest_warm_up_batch_is_kept_apart_from_a_stall(null_runtime: Runtime) -> None:
-    """One batch stalls (a busy machine): the mean carries the stall, the fastest batch does not."""
-    predict, calls = null_runtime.backend.predict, []
+def test_the_fastest_warm_up_batch_is_kept_apart_from_a_stall(null_runtime: Runtime,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch stalls (a busy machine): the mean carries the stall, the fastest batch does not. The
+    warm-up's clock is the test's own: each predict takes 1 ms of it, the stalled one 200 ms, so the
+    figures are exact on any machine."""
+    predict, calls, now = null_runtime.backend.predict, [], [100.0]
 
     def stalling(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         calls.append(1)
-        if len(calls) == 3:  # the first inference, one warm-up batch, then the stall
-            time.sleep(0.2)
+        now[0] += 0.2 if len(calls) == 3 else 0.001  # the first inference, one warm-up batch, then the stall
         return predict(inputs)
 
+    monkeypatch.setattr(warmup_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     null_runtime.backend.predict = stalling  # type: ignore[method-assign]
-    warmup = first_inference_and_warm_up(null_runtime, max_batch_size=4, queries=4, seconds=0.0)["warmup"]
-    assert warmup["seconds"] >= 0.2 and warmup["fastest_query_seconds"] < 0.05
+    cold = first_inference_and_warm_up(null_runtime, max_batch_size=4, queries=4, seconds=0.0)
+    warmup = cold["warmup"]
+    assert len(calls) == 5 and cold["first_inference_seconds"] == pytest.approx(0.001)
+    assert warmup["queries"] == 4 and warmup["seconds"] == pytest.approx(0.203)  # the mean, 51 ms, carries it
+    assert warmup["fastest_query_seconds"] == pytest.approx(0.001)
 
 
 def test_zero_queries_and_seconds_skip_the_warm_up(null_runtime: Runtime) -> None:
