@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,8 +137,13 @@ def test_run_and_package_from_the_install(installed: Install, tmp_path: Path) ->
     assert result.returncode == 0, result.stdout + result.stderr
     result = _run(installed, tmp_path, *CLI, "submission", "package", "--division", "open", "--submitter", "acme",
                   "--allow-invalid", "--results-dir", "R", "--out", "OUT")
-    # Exit 1: the pre-flight check refuses the null model's folder name (not an MLPerf benchmark).
+    # Exit 1: the pre-flight check refuses the null model's folder name (not an MLPerf benchmark), and
+    # that is its only problem.
     assert "packaged OUT/open/acme" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    problem, verdict = result.stderr.splitlines()
+    assert re.fullmatch(r"open/acme/results/[^/]+/null: unknown benchmark folder 'null': expected one of .*", problem)
+    assert verdict == "submission check: 1 problem(s) in open/acme"
     code = tmp_path / "OUT" / "open" / "acme" / "src" / "mlharness"
     assert (code / "running" / "runner.py").is_file() and (code / "sut" / "handoff.py").is_file()  # the package's layout
     assert (code / "sut" / "network" / "oip.proto").is_file() and (code / "specs" / "manifests.py").is_file()
