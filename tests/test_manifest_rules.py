@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 import pytest
 import yaml
@@ -854,74 +854,105 @@ def test_entry_points_are_by_name_and_not_loaded() -> None:
     assert manifests.entry_points("mlharness.no-such-group") == {}
 
 
-def test_plugin_entry_points_leave_out_builtins_and_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    eps = {n: importlib.metadata.EntryPoint(n, f"pkg:{n}", "grp") for n in ("builtin", "extra", "more")}
-
-    def fake(group: str) -> dict:
-        calls.append(group)
-        return dict(eps)
-
-    monkeypatch.setattr(manifests, "entry_points", fake)
-    plugins = manifests.PluginEntryPoints("grp", {"builtin": object()})
-    assert plugins.group == "grp" and calls == []
-    assert plugins() == {"extra": eps["extra"], "more": eps["more"]}
-    assert plugins() == {"extra": eps["extra"], "more": eps["more"]}
-    assert calls == ["grp"]
-    empty = manifests.PluginEntryPoints("none", {})
-    monkeypatch.setattr(manifests, "entry_points", lambda group: calls.append(group) or {})
-    assert empty() == {} and empty() == {} and calls == ["grp", "none"]  # an empty result is kept too
-
-
-class _Dist:
-    name, version = "acme-plugin", "2.1.0"
+# A real plugin distribution, as tests/test_registries.py installs one: a package beside a `*.dist-info`
+# folder (METADATA, entry_points.txt) on sys.path, which is what `pip install` leaves and what
+# importlib.metadata reads. Its entry points are in a group of this test's own.
+PLUGIN_GROUP = "mlharness.rules-test"
+PLUGIN_ENTRY_POINTS = f"""
+[{PLUGIN_GROUP}]
+builtin = mlh_rules_plugin.good:thing
+extra = mlh_rules_plugin.good:thing
+more = mlh_rules_plugin.good:other
+missing = mlh_rules_plugin.missing:Backend
+runtime = mlh_rules_plugin.raises_runtime:Backend
+value = mlh_rules_plugin.raises_value:Backend
+"""
+PLUGIN_MODULES = {
+    "__init__": "",
+    "good": "thing = object()\nother = object()\n",
+    "raises_runtime": "raise RuntimeError('first line\\nsecond line')\n",
+    "raises_value": "raise ValueError()\n",
+}
 
 
-_DIST = _Dist()
+@pytest.fixture
+def plugin_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The distribution mlh-rules-plugin 2.1.0 installed in a folder on sys.path (for this test only);
+    its entry_points.txt, which a test may rewrite."""
+    site = tmp_path / "site"
+    package = site / "mlh_rules_plugin"
+    package.mkdir(parents=True)
+    for name, source in PLUGIN_MODULES.items():
+        (package / f"{name}.py").write_text(source)
+    dist = site / "mlh_rules_plugin-2.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mlh-rules-plugin\nVersion: 2.1.0\n")
+    (dist / "entry_points.txt").write_text(PLUGIN_ENTRY_POINTS)
+    monkeypatch.syspath_prepend(str(site))
+    yield dist / "entry_points.txt"
+    for module in [m for m in sys.modules if m == "mlh_rules_plugin" or m.startswith("mlh_rules_plugin.")]:
+        del sys.modules[module]
 
 
-class _FakeEntryPoint:
-    def __init__(self, error: Exception | None, dist: Any = _DIST) -> None:
-        self.group, self.name, self.value, self.dist, self.error = "mlharness.backends", "acme", "acme.be:Backend", \
-            dist, error
+def test_plugin_entry_points_leave_out_builtins_and_are_read_once(plugin_dist: Path) -> None:
+    plugins = manifests.PluginEntryPoints(PLUGIN_GROUP, {"builtin": object()})
+    assert plugins.group == PLUGIN_GROUP
+    # read at the first call, not when the registry is made
+    plugin_dist.write_text(PLUGIN_ENTRY_POINTS + "late = mlh_rules_plugin.good:other\n")
+    found = plugins()
+    assert {name: (ep.value, ep.dist.name) for name, ep in found.items()} == {
+        "extra": ("mlh_rules_plugin.good:thing", "mlh-rules-plugin"),
+        "more": ("mlh_rules_plugin.good:other", "mlh-rules-plugin"),
+        "missing": ("mlh_rules_plugin.missing:Backend", "mlh-rules-plugin"),
+        "runtime": ("mlh_rules_plugin.raises_runtime:Backend", "mlh-rules-plugin"),
+        "value": ("mlh_rules_plugin.raises_value:Backend", "mlh-rules-plugin"),
+        "late": ("mlh_rules_plugin.good:other", "mlh-rules-plugin")}
+    assert not [m for m in sys.modules if m.startswith("mlh_rules_plugin")]  # nothing imported
+    # then kept: the installed entry points change, the registry's do not
+    plugin_dist.write_text(f"[{PLUGIN_GROUP}]\nother = mlh_rules_plugin.good:thing\n[mlharness.rules-none]\n"
+                           f"new = mlh_rules_plugin.good:thing\n")
+    assert sorted(manifests.entry_points(PLUGIN_GROUP)) == ["other"]
+    assert plugins() is found and sorted(plugins()) == ["extra", "late", "missing", "more", "runtime", "value"]
 
-    def load(self) -> Any:
-        if self.error:
-            raise self.error
-        return "loaded"
+
+def test_an_empty_plugin_group_is_kept_too(plugin_dist: Path) -> None:
+    empty = manifests.PluginEntryPoints("mlharness.rules-none", {})
+    assert empty() == {}
+    plugin_dist.write_text(PLUGIN_ENTRY_POINTS + "[mlharness.rules-none]\nnew = mlh_rules_plugin.good:thing\n")
+    assert sorted(manifests.entry_points("mlharness.rules-none")) == ["new"]
+    assert empty() == {}
 
 
-@pytest.mark.parametrize("error, dist, message", [
-    (ImportError("No module named 'acme'"), _Dist(),
-     ("entry point mlharness.backends:acme = acme.be:Backend (from acme-plugin 2.1.0) cannot be loaded: "
-     "ImportError: No module named 'acme'")),
-    (RuntimeError("first line\nsecond line"), None,
-     ("entry point mlharness.backends:acme = acme.be:Backend (from an unknown distribution) cannot be loaded: "
-     "RuntimeError: first line")),
-    (ValueError(), _Dist(),
-     "entry point mlharness.backends:acme = acme.be:Backend (from acme-plugin 2.1.0) cannot be loaded: ValueError: "),
+@pytest.mark.parametrize("name, message", [
+    ("missing", "ModuleNotFoundError: No module named 'mlh_rules_plugin.missing'"),
+    ("runtime", "RuntimeError: first line"),
+    ("value", "ValueError: "),
 ])
-def test_an_entry_point_that_cannot_load_is_one_line(error: Exception, dist: Any, message: str) -> None:
+def test_an_entry_point_that_cannot_load_is_one_line(plugin_dist: Path, name: str, message: str) -> None:
+    ep = manifests.entry_points(PLUGIN_GROUP)[name]
     with pytest.raises(UserError) as info:
-        load_entry_point(_FakeEntryPoint(error, dist))  # type: ignore[arg-type]
-    assert str(info.value) == message and info.value.__cause__ is None and info.value.__suppress_context__
+        load_entry_point(ep)
+    assert str(info.value) == (f"entry point {PLUGIN_GROUP}:{name} = {ep.value} (from mlh-rules-plugin 2.1.0) "
+                               f"cannot be loaded: {message}")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-def test_an_entry_point_without_a_distribution_attribute_is_named_unknown() -> None:
-    class Bare:
-        group, name, value = "g", "bare", "bare:f"
-
-        def load(self) -> Any:
-            raise ImportError("no bare")
-
+def test_an_entry_point_without_a_distribution_is_named_unknown(plugin_dist: Path) -> None:
+    """An EntryPoint made by hand, not read from an installed distribution, has no dist."""
+    ep = importlib.metadata.EntryPoint("bare", "mlh_rules_plugin.raises_runtime:Backend", "g")
+    assert ep.dist is None
     with pytest.raises(UserError) as info:
-        load_entry_point(Bare())  # type: ignore[arg-type]
-    assert str(info.value) == ("entry point g:bare = bare:f (from an unknown distribution) cannot be loaded: "
-                               "ImportError: no bare")
+        load_entry_point(ep)
+    assert str(info.value) == ("entry point g:bare = mlh_rules_plugin.raises_runtime:Backend (from an unknown "
+                               "distribution) cannot be loaded: RuntimeError: first line")
 
 
-def test_an_entry_point_loads_its_object() -> None:
-    assert load_entry_point(_FakeEntryPoint(None)) == "loaded"  # type: ignore[arg-type]
+def test_an_entry_point_loads_its_object(plugin_dist: Path) -> None:
+    found = manifests.entry_points(PLUGIN_GROUP)
+    thing, other = load_entry_point(found["extra"]), load_entry_point(found["more"])
+    import mlh_rules_plugin.good
+
+    assert thing is mlh_rules_plugin.good.thing and other is mlh_rules_plugin.good.other
     real = importlib.metadata.EntryPoint("join", "os.path:join", "g")
     import os.path
 
