@@ -1,14 +1,19 @@
 """Server's issue path without the GIL (issue 17): LoadGen's own C SUT fills a native queue, Python
 workers take batches from it with the GIL released. Tested both ways (native, and the Python
 binding as the fallback) with the routed null model, whose accuracy is exactly 1.0 only when every
-response reaches its own sample; and the queue itself, driven directly."""
+response reaches its own sample; and the queue itself, driven directly.
+
+No verdict depends on the machine's speed (issue 38): a thread waiting in take() is seen waiting (its
+state and frame) before anything is done to it, and the only time bounds left are lower bounds
+(time only adds) or hang guards far above any honest duration."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -39,7 +44,8 @@ def test_the_batch_wait_is_bounded_by_the_target_less_two_measured_batch_times(t
     warmup = record["cold_start"]["warmup"]
     service_ms = 1000 * warmup["seconds"] / warmup["queries"]  # the warm-up ran full batches
     assert facts["batch_service_ms"] == pytest.approx(service_ms, abs=1e-6) and service_ms > 0
-    assert facts["batch_wait_bound_ms"] == pytest.approx(10 - 2 * service_ms, abs=1e-5)
+    # Never below 0: a warm-up slowed by a busy machine may measure a batch at 5 ms or more.
+    assert facts["batch_wait_bound_ms"] == pytest.approx(max(0.0, 10 - 2 * service_ms), abs=1e-5)
     assert facts["batch_wait_ms"] == facts["batch_wait_bound_ms"] < 10
     assert facts["batch_wait_rule"] == "target_latency - 2 x service time of a full batch"
     assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--set", "batch_wait_ms=3",
@@ -60,7 +66,7 @@ def test_the_batch_wait_is_bounded_by_the_target_less_two_measured_batch_times(t
     ("Offline", 8.0, 10, 3.0, {"batch_wait_ms": 0.0}),
 ])
 def test_the_batch_wait_bound_rule(scenario: str, wanted: float, target: Any, service: Any, expected: dict) -> None:
-    from mlharness.running.runner import batch_wait_bound
+    from mlharness.running.loadgen_test import batch_wait_bound
     from mlharness.running.settings import build_settings
 
     settings = build_settings(scenario=scenario, mode="performance", conf_model="m", model_name="m",
@@ -70,7 +76,7 @@ def test_the_batch_wait_bound_rule(scenario: str, wanted: float, target: Any, se
 
 
 def test_the_service_time_is_the_warm_ups_only_when_it_ran_full_batches() -> None:
-    from mlharness.running.runner import full_batch_service_ms
+    from mlharness.running.loadgen_test import full_batch_service_ms
 
     warm = {"warmup": {"queries": 4, "seconds": 0.02, "batch_size": 8}}
     assert full_batch_service_ms(warm, 8) == pytest.approx(5.0)
@@ -101,36 +107,71 @@ def test_take_returns_what_was_issued_in_order_up_to_the_batch_limit() -> None:
         queue.take(0, 0.1, 0.0)
 
 
+def take(queue: Any, *args: float) -> Any:
+    """queue.take, in a frame of its own that `waiting_in_take` recognises."""
+    return queue.take(*args)
+
+
+def waiting_in_take(thread: threading.Thread) -> bool:
+    """The thread sleeps inside take(): its innermost Python frame is `take` past its start (in the
+    call), and the kernel has it asleep. Called with the GIL held, so the thread is not running Python."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None or frame.f_code is not take.__code__ or frame.f_lasti <= 0:
+        return False
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+    except OSError:  # the thread has ended meanwhile
+        return False
+
+
+def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for an event; the deadline only fails a test whose event never comes."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.001)
+
+
 def test_a_batch_waits_to_fill_up_to_its_bound() -> None:
     queue = native.IssueQueue()
+    taker = threading.current_thread()
+    pushed: list[BaseException | None] = []
 
-    def later() -> None:
-        time.sleep(0.05)
-        queue.push([2, 3], [2, 3])
+    def once_waiting() -> None:
+        try:
+            wait_for(lambda: waiting_in_take(taker), "take() waiting for its batch to fill")
+            queue.push([2, 3], [2, 3])
+            pushed.append(None)
+        except BaseException as error:  # noqa: BLE001 - reported by the test below
+            pushed.append(error)
 
     queue.push([1], [1])
-    threading.Thread(target=later).start()
+    pusher = threading.Thread(target=once_waiting, daemon=True)
+    pusher.start()
     started = time.monotonic()
-    assert queue.take(3, 0.1, 1.0) == ([1, 2, 3], [1, 2, 3])  # filled by the second push
-    assert time.monotonic() - started < 0.9
+    assert take(queue, 3, 0.1, 60.0) == ([1, 2, 3], [1, 2, 3])  # filled by the second push
+    # A hang guard: it returns as the batch fills; waiting out its 60 s bound would fail here.
+    assert time.monotonic() - started < 30
+    pusher.join(60)
+    assert pushed == [None]
     queue.push([4], [4])
     started = time.monotonic()
     assert queue.take(3, 0.1, 0.1) == ([4], [4])  # the bound passed: what there is
-    assert time.monotonic() - started >= 0.09
+    assert time.monotonic() - started >= 0.09  # a lower bound: a busy machine only adds
 
 
 def test_take_waits_without_the_gil_and_close_wakes_it() -> None:
     queue = native.IssueQueue()
     results: list = []
-    waiter = threading.Thread(target=lambda: results.append(queue.take(4, 30.0, 0.0)))
+    waiter = threading.Thread(target=lambda: results.append(take(queue, 4, 60.0, 0.0)), daemon=True)
     waiter.start()
-    counted = 0
-    deadline = time.monotonic() + 0.3
-    while time.monotonic() < deadline:  # this thread runs Python while the other waits in take
-        counted += 1
-    assert counted > 1000
+    # This thread runs Python (it looks) while the other sleeps in take: a take holding the GIL would
+    # let it look only once take returned, after its 60 s.
+    wait_for(lambda: waiting_in_take(waiter), "the other thread asleep in take()")
+    assert waiter.is_alive() and results == []
     queue.close()
-    waiter.join(5)
+    waiter.join(60)
     assert not waiter.is_alive() and results == [None]
     assert queue.take(4, 1.0, 0.0) is None  # closed and empty
 
