@@ -20,9 +20,20 @@ from mlharness.bricks import compose
 from mlharness.errors import UserError
 from mlharness.records import results
 from mlharness.records.run_record import BRICKS, RunRecord, new_run_id, utc_now
+from mlharness.running import resolve
 from mlharness.running import runner as loadgen_runner
 from mlharness.running import system as system_mod
 from mlharness.running.request import RunRequest
+
+# `mlharness bricks --estimate-only` / `--measure-missing`: how the launching command tells the bricks
+# run's process to compose from the stored bricks. RunRequest has no field for it yet (the request's
+# schema is not this module's), so it travels in the environment the child inherits.
+ESTIMATE_ENV = "MLHARNESS_BRICKS_ESTIMATE"
+ESTIMATE_MODES = ("only", "measure-missing")
+# The empty session call is stored with the bricks, under this key (one row per thread count), so an
+# estimate composed from stored bricks subtracts the same empty call as the run that measured them.
+EMPTY_CALL_KEY = "empty-call"
+MISSING_SHOWN = 5  # missing bricks named in the refusal; the rest are counted
 
 BRICKS_FOLDER = "bricks"  # <results>/<system>/<model>/bricks/runs/<run id>/
 BRICKS_JSON_VERSION = 1
@@ -45,15 +56,15 @@ def _say(text: str, request: RunRequest) -> None:
 
 
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
-    model, backend_name, dataset, hardware, software, _ = loadgen_runner.resolve_manifests(
+    model, backend_name, dataset, hardware, software, _ = resolve.resolve_manifests(
         _as_onnxruntime(request))
     if backend_name != "onnxruntime":
         raise UserError(f"--backend {backend_name}: bricks are measured on onnxruntime only")
     if model.framework != "onnxruntime":
         raise UserError(f"{model.path}: framework: bricks need an ONNX graph; model {model.name!r} runs on "
                         f"{model.framework} (write an onnxruntime manifest whose sources.graph converts it)")
-    settings = loadgen_runner.prepare_settings(_settings_request(request), model)
-    loadgen_runner.check_device(backend_name, hardware)
+    settings = resolve.prepare_settings(_settings_request(request), model)
+    resolve.check_device(backend_name, hardware)
     installed = system_mod.check_software(software)
     for var, value in software.environment.items():
         os.environ.setdefault(var, value)
@@ -73,7 +84,7 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     try:
         from mlharness.sut.runtime import build_runtime
 
-        options = loadgen_runner._harness_options(settings, model) | {"max_batch_size": request.batch}
+        options = resolve.harness_options(settings, model) | {"max_batch_size": request.batch}
         runtime = build_runtime(model, dataset, hardware, backend_name, options)
         record.backend_info = runtime.backend.describe()
         record.artifacts = runtime.artifacts
@@ -143,7 +154,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
 
     model_weights = sb.model_weight_bytes(decomposition)
     fp = fingerprint(record.system, record.hardware, record.software.get("versions", {}), providers)
-    known = _known_measurements(request, fp, [b.key for b in decomposition.bricks])
+    known = _known_measurements(request, fp, [b.key for b in decomposition.bricks] + [EMPTY_CALL_KEY])
     rule = sb.ConfidenceRule(time_cap=request.brick_time_cap)
     variant_rule = sb.ConfidenceRule(time_cap=max(request.brick_time_cap / 4, 0.05))
     main_variant = variant_name(threads, sb.AS_EXECUTED, providers[0])
@@ -159,11 +170,18 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     # The cost of a session call that does nothing, at each thread count a variant uses.
     empties_started = time.perf_counter()
     empty_model = sb.empty_session_model(optimized.opset_import, optimized.ir_version)
+    mode = os.environ.get(ESTIMATE_ENV) or None
+    if mode is not None:
+        return _estimate_from_store(runtime, request, record, staged_dir, decomposition, fp, threads, level, providers,
+                                    options_for, empty_model, model_weights, main_variant, mode, started)
     empties: dict[str, float] = {}
+    empty_rows: list[dict[str, Any]] = []
     for variant_threads in sorted({threads} | {v[0] for v in variants}):
         session = sb.new_session(empty_model, options_for(variant_threads, sb.AS_EXECUTED), providers[:1])
         empty_call, _, _ = sb.bound_call(session, {"x": np.zeros(1, np.float32)})  # called as a brick is
-        empties[str(variant_threads)] = sb.measure(empty_call, sb.ConfidenceRule(time_cap=0.5)).median_ms
+        empty_measurement = sb.measure(empty_call, sb.ConfidenceRule(time_cap=0.5))
+        empties[str(variant_threads)] = empty_measurement.median_ms
+        empty_rows.append(_empty_row(variant_name(variant_threads, sb.AS_EXECUTED, providers[0]), empty_measurement))
     empties_seconds = time.perf_counter() - empties_started
     # The whole model, in a plain session with the run's options: its median, and how long it took to
     # reach the same confidence as a brick (the time the bricks are compared with).
@@ -175,7 +193,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
                        setup_seconds=whole_setup, before_each=whole_fresh)
     del whole_session
 
-    measured_rows: list[dict[str, Any]] = []
+    measured_rows: list[dict[str, Any]] = list(empty_rows)
     brick_entries: list[dict[str, Any]] = []
     figures: list[compose.BrickFigures] = []
     reused = 0
@@ -326,6 +344,112 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     record.bricks = {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json",
                      "measured": measured_rows}
     return record.bricks
+
+
+def _empty_row(variant: str, measurement: Any) -> dict[str, Any]:
+    return {"brick_key": EMPTY_CALL_KEY, "variant": variant, "op_type": "(empty call)", "label": "empty session call",
+            "descriptor": {"empty_call": True}, **measurement.describe()}
+
+
+def _estimate_from_store(runtime: Any, request: RunRequest, record: RunRecord, staged_dir: Path, decomposition: Any,
+                         fp: str, threads: int, level: str, providers: list[str], options_for: Any, empty_model: bytes,
+                         model_weights: int, main_variant: str, mode: str, started: float) -> dict[str, Any]:
+    """`--estimate-only`: the model composed from the bricks stored under this fingerprint, as executed.
+    Nothing else is measured: no whole model, no variants. A brick (or the empty call) not stored is
+    refused in one line naming the first few, unless `mode` is "measure-missing": then only those are
+    measured, by the estimate's rule, and stored as any run's are."""
+    import numpy as np
+
+    from mlharness.sut import bricks as sb
+
+    if mode not in ESTIMATE_MODES:
+        raise UserError(f"{ESTIMATE_ENV}={mode}: expected one of {', '.join(ESTIMATE_MODES)}")
+    name = runtime.model.name
+    known = _known_measurements(request, fp, [b.key for b in decomposition.bricks] + [EMPTY_CALL_KEY])
+    missing = [b for b in decomposition.bricks if (b.key, main_variant) not in known]
+    empty_missing = (EMPTY_CALL_KEY, main_variant) not in known
+    if (missing or empty_missing) and mode != "measure-missing":
+        named = [f"{b.label} (x{b.multiplicity}, key {b.key})" for b in missing[:MISSING_SHOWN]]
+        if empty_missing:
+            named.insert(0, "the empty session call")
+        more = len(missing) + empty_missing - len(named)
+        raise UserError(f"{name}: --estimate-only: {len(missing)} of {len(decomposition.bricks)} bricks"
+                        f"{' and the empty call' if empty_missing else ''} are not stored for this system "
+                        f"(fingerprint {fp}, {main_variant}): {'; '.join(named)}{f'; and {more} more' if more else ''}"
+                        f" (add --measure-missing to measure only those, or run `mlharness bricks {name}`)")
+    rule = sb.ConfidenceRule(time_cap=request.brick_time_cap)
+    measured_rows: list[dict[str, Any]] = []
+    if empty_missing:
+        session = sb.new_session(empty_model, options_for(threads, sb.AS_EXECUTED), providers[:1])
+        empty_call, _, _ = sb.bound_call(session, {"x": np.zeros(1, np.float32)})
+        measurement = sb.measure(empty_call, sb.ConfidenceRule(time_cap=0.5))
+        measured_rows.append(_empty_row(main_variant, measurement))
+        empty = measurement.median_ms
+    else:
+        empty = float(known[(EMPTY_CALL_KEY, main_variant)]["median_ms"])
+    samplers: dict[str, Any] = {}
+    for brick in missing:
+        setup_started = time.perf_counter()
+        session = sb.new_session(brick.model_bytes, options_for(threads, sb.AS_EXECUTED), providers[:1])
+        setup = time.perf_counter() - setup_started
+        call, fresh = sb.fresh_bound_call(session, brick.feed)
+        sampler = sb.Sampler(call, sb.evicting(fresh, brick, model_weights), setup, rule.warmup_repeats,
+                             rule.warmup_seconds)
+        sampler.extend(rule.min_repeats)
+        samplers[brick.key] = sampler
+    fixed = {b.key: known[(b.key, main_variant)] for b in decomposition.bricks if b.key in known_keys(known, main_variant)}
+    estimate_ci = _refine(samplers, fixed, decomposition.by_key, empty, rule)
+    figures, entries = [], []
+    brick_seconds = 0.0
+    for brick in decomposition.bricks:
+        if brick.key in samplers:
+            sampler = samplers[brick.key]
+            sampler.release()
+            brick_seconds += sampler.seconds
+            row = _row(brick, main_variant, sampler.measurement(rule.tolerance))
+            measured_rows.append(row)
+        else:
+            row = fixed[brick.key]
+        figure = compose.BrickFigures(brick.key, brick.op_type, brick.label, brick.multiplicity,
+                                      float(row["median_ms"]), empty)
+        figures.append(figure)
+        entries.append(brick.describe() | {
+            "reused": brick.key not in samplers, "median_ms": figure.median_ms, "net_ms": figure.net_ms,
+            "ci_low_ms": row.get("ci_low_ms"), "ci_high_ms": row.get("ci_high_ms"), "repeats": row.get("repeats"),
+            "stable": bool(row.get("stable")), "total_ms": figure.total_ms,
+            "variants": {main_variant: {k: row.get(k) for k in ("median_ms", "ci_low_ms", "ci_high_ms", "repeats", "stable")}},
+            "best_variant": None, "best_net_ms": None})
+    estimate = compose.estimate_ms(figures, empty)
+    seconds = time.perf_counter() - started
+    summary = {
+        "batch": request.batch, "threads": threads, "optimization_level": level, "providers": providers,
+        "fingerprint": fp, "nodes": decomposition.node_count, "unique_bricks": len(figures),
+        "reused_bricks": len(figures) - len(samplers), "measured_bricks": len(samplers),
+        "estimate_only": True, "missing_bricks": len(missing), "empty_call_measured": empty_missing,
+        "new_measurements": len(measured_rows), "estimate_seconds": seconds,
+        "estimate_ms": estimate, "estimate_ci_ms": estimate_ci,
+        "estimate_stable": estimate_ci <= rule.tolerance * estimate, "lower_bound_ms": None,
+        "measured_ms": None, "measured_run": None, "error_pct": None,
+        "plain_session_ms": None, "plain_session_error_pct": None, "empty_call_ms": empty,
+        "brick_seconds": brick_seconds, "variant_seconds": 0.0,
+        "reuse_saved_seconds": sum(float(r.get("seconds") or 0.0) for r in fixed.values()),
+        "decompose_seconds": None, "whole_model_seconds": None, "whole_model_repeats": None,
+        "whole_model_stable": None, "speedup": None, "speedup_without_reuse": None,
+    }
+    data = {"schema_version": BRICKS_JSON_VERSION, "model": name, "summary": summary, "rule": rule.describe(),
+            "variant_rule": None, "main_variant": main_variant, "empty_call_ms": {str(threads): empty},
+            "by_op_type": compose.by_op_type(figures), "top_bricks": [f.key for f in compose.top_bricks(figures)],
+            "bricks": entries}
+    write_json(staged_dir / "bricks.json", data)
+    write_text(staged_dir / "README.md", _readme(name, summary, record.command))
+    (staged_dir / "optimized.onnx").unlink(missing_ok=True)
+    record.bricks = {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json",
+                     "measured": measured_rows}
+    return record.bricks
+
+
+def known_keys(known: dict[tuple[str, str], Any], variant: str) -> set[str]:
+    return {key for key, name in known if name == variant}
 
 
 def whole_model_cap(rule: Any) -> float:

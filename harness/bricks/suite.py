@@ -92,6 +92,14 @@ def format_model(record: RunRecord) -> str:
     ops = [(r["op_type"], r["nodes"], r["measured_ms"], f"{100 * r['measured_share']:.1f}%", r["lower_bound_ms"],
             f"{100 * r['lower_bound_share']:.1f}%", r["gap_ms"]) for r in data["by_op_type"]]
     lines.append(format_table(("op type", "nodes", "measured ms", "share", "lower bound ms", "share", "gap ms"), ops))
+    if summary.get("estimate_only"):
+        lines.append(f"  estimate {_ms(summary['estimate_ms'])} ms (95% CI +-{_ms(summary['estimate_ci_ms'])} ms) "
+                     f"composed from stored bricks: {summary['new_measurements']} new measurements "
+                     f"({summary['measured_bricks']} bricks of {summary['unique_bricks']}"
+                     + (", the empty call" if summary.get("empty_call_measured") else "")
+                     + f"), {summary['estimate_seconds']:.2f} s")
+        lines.append(f"  results : {record.results_path}")
+        return "\n".join(lines)
     error = summary.get("error_pct")
     lines.append(f"  estimate {_ms(summary['estimate_ms'])} ms, lower bound {_ms(summary['lower_bound_ms'])} ms, "
                  f"measured {_ms(summary['measured_ms'])} ms (LoadGen p50)"

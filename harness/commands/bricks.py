@@ -18,7 +18,23 @@ def cmd_bricks(args: argparse.Namespace) -> int:
     base = RunRequest(model=args.models[0], scenario="SingleStream", kind="bricks", batch=args.batch,
                       variants=not args.no_variants, brick_time_cap=args.time_cap,
                       command=shlex.join(["mlharness", *argv]) if argv[:1] == ["bricks"] else "", **fields)
-    run_suite(args.models, base, measure=not args.no_measure)
+    estimate = "measure-missing" if args.measure_missing else "only" if args.estimate_only else None
+    if estimate is None:
+        run_suite(args.models, base, measure=not args.no_measure)
+        return 0
+    import os
+
+    from mlharness.bricks.runner import ESTIMATE_ENV
+
+    before = os.environ.get(ESTIMATE_ENV)
+    os.environ[ESTIMATE_ENV] = estimate  # the bricks run's process reads it (RunRequest has no field for it)
+    try:
+        run_suite(args.models, base, measure=False)  # nothing measured whole: the estimate is the answer
+    finally:
+        if before is None:
+            os.environ.pop(ESTIMATE_ENV, None)
+        else:
+            os.environ[ESTIMATE_ENV] = before
     return 0
 
 
@@ -33,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="measure bricks as executed only (no lower bound)")
     parser.add_argument("--no-measure", action="store_true",
                         help="skip the LoadGen run that measures each model whole")
+    parser.add_argument("--estimate-only", action="store_true",
+                        help="compose each model from the bricks stored for this system, measuring nothing else; "
+                             "fails naming the bricks not stored")
+    parser.add_argument("--measure-missing", action="store_true",
+                        help="with --estimate-only: measure only the bricks not stored (implies --estimate-only)")
     add_request_arguments(parser, ["--dataset", "--backend", "--software", "--hardware", "--results-dir", "--set",
                                    "--quiet", "--timeout"])
     parser.set_defaults(func=cmd_bricks)

@@ -1,0 +1,69 @@
+"""How a brick is timed (issue 39, item 2), with real ONNX Runtime: its calls go through an IOBinding
+made once, so a call writes into outputs allocated once and reads the inputs in place; and a sampler
+says where its wall time went."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mlharness.sut import bricks as sb
+
+
+def _depthwise_session() -> ort.InferenceSession:
+    weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 1, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=8, pads=[1, 1, 1, 1])], "dw",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              initializer=[weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.graph_optimization_level = sb.ort_level(sb.AS_EXECUTED)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_a_bound_call_writes_into_outputs_allocated_once_and_reads_its_inputs_in_place() -> None:
+    session = _depthwise_session()
+    x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    call, inputs, outputs = sb.bound_call(session, {"x": x})
+    assert inputs["x"] is not x and np.array_equal(inputs["x"], x)  # a copy: the caller's array is left alone
+    output = outputs["y"]
+    address = output.ctypes.data
+    output.fill(np.nan)
+    call()
+    np.testing.assert_allclose(output, session.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert outputs["y"] is output and output.ctypes.data == address  # the same memory, written in place
+    inputs["x"][...] = 0  # the kernel reads the bound array: no bias, so zeros in give zeros out
+    call()
+    assert not output.any()
+
+
+def test_fresh_inputs_are_written_back_one_element_per_cache_line_with_the_same_values() -> None:
+    session = _depthwise_session()
+    x = np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    call, rewrite = sb.fresh_bound_call(session, {"x": x})
+    # The bound input array, as the rewrite's closure holds it: one float in 16 (64-byte lines).
+    (view, saved), = next(c.cell_contents for c in rewrite.__closure__ if isinstance(c.cell_contents, list))
+    assert view.size == x.size // (sb.CACHE_LINE // 4) and view.base is not None
+    view[...] = 0
+    rewrite()
+    assert np.array_equal(view, x.reshape(-1)[::16]) and np.array_equal(saved, x.reshape(-1)[::16])
+    call()
+
+
+def test_a_sampler_says_where_its_wall_time_went() -> None:
+    sampler = sb.Sampler(lambda: time.sleep(0.002), lambda: time.sleep(0.001), setup_seconds=0.5,
+                         warmup_repeats=2, warmup_seconds=0.0)
+    sampler.extend(5)
+    phases = sampler.phases
+    assert set(phases) == {"setup", "warmup", "prepare", "timed", "loop"}
+    assert phases["setup"] == 0.5 and phases["warmup"] >= 2 * 0.003
+    assert phases["prepare"] >= 5 * 0.001 and phases["timed"] >= 5 * 0.002
+    assert phases["timed"] == pytest.approx(sampler.timed)
+    assert sum(phases.values()) == pytest.approx(sampler.seconds) and phases["loop"] >= -1e-9
+    sampler.release()
+    assert sampler.call is None and len(sampler.times) == 5
