@@ -74,7 +74,7 @@ def refusal(problems: dict[str, str | None], wanted: list[str]) -> str | None:
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, backend: str, batch: int) -> Any:
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.runtime import build_runtime
 

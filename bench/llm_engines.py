@@ -11,7 +11,7 @@ from typing import Any
 def load_engine(model_name: str, backend: str, threads: int, dataset: str | None = None) -> Any:
     """The harness's engine for `model_name` on `backend`, loaded with `threads` intra-op threads, generating
     as many tokens as `dataset` asks (its generation.max_new_tokens; default: the model's dataset)."""
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs import artifacts
     from mlharness.specs.index import default_index
     from mlharness.sut import backends

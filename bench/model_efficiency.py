@@ -80,7 +80,7 @@ MAX_BRACKET_DRIFT = 0.08
 # ------------------------------------------------------------------------------ children
 
 def _runtime(model_name: str, batch: int, threads: int, backend: str = "onnxruntime") -> Any:
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.runtime import build_runtime
 
@@ -445,7 +445,7 @@ def keep(best: dict[str, dict[str, Any]], key: str, run: dict[str, Any]) -> None
 
 def _default_batch(model: str) -> int:
     sys.path.insert(0, str(ROOT))
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
 
     return int(select_model(default_index(), model, BACKEND).attributes.get("max_batch_size", 1))

@@ -46,7 +46,8 @@ OFFLINE_GUESS = {"limit": 2_000_000, "native": 2_000_000, "python": 1_000_000, "
 def _loadgen_settings(scenario: str, overrides: list[str], workdir: Path) -> Any:
     """The TestSettings mlharness would build for the null model with these overrides, so the bare
     variants run under exactly the settings the harness variants get."""
-    from mlharness.running.runner import RunRequest, prepare_settings, select_model
+    from mlharness.running.request import RunRequest
+    from mlharness.running.resolve import prepare_settings, select_model
     from mlharness.running.settings import apply_to_loadgen
     from mlharness.specs.index import default_index
 

@@ -84,7 +84,7 @@ def ceiling(batch_ms: dict[int, float], bound_ms: float, queries: int, seed: int
 
 def manifest_bound_ms(model_name: str) -> float:
     sys.path.insert(0, str(ROOT))
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
 
     settings = select_model(default_index(), model_name, "onnxruntime").attributes.get("settings") or {}

@@ -134,7 +134,7 @@ class SystemUnderTest(FirstFailure):
         self.issue_queue = None if self.inline else issue_queue
         self.batch_wait_s = max(0.0, float(batch_wait_s))
         # One worker that is the caller's own thread (serve_here, while LoadGen's test runs on another:
-        # mlharness.running.runner.run_test_beside_caller). For torch on the CPU: its OpenMP runtime makes
+        # mlharness.running.loadgen_test.run_test_beside_caller). For torch on the CPU: its OpenMP runtime makes
         # parallel regions slow on a second live thread once the first has run some (docs/tuning.md).
         self.serve_on_caller = bool(serve_on_caller) and self.workers == 1 and not self.inline
         self._queue: queue.SimpleQueue = queue.SimpleQueue()

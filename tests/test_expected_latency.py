@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlharness.running.runner import _expect_measured_latency
+from mlharness.running.resolve import expect_measured_latency
 from mlharness.running.settings import Settings
 from tests.support import REPO, run_cli
 
@@ -53,5 +53,5 @@ def test_the_fastest_warm_up_query_sets_the_expectation_not_the_mean() -> None:
     settings = Settings("SingleStream", "PerformanceOnly", "null")
     settings.set("target_latency", 100, "model", "the manifest")
     cold_start = {"warmup": {"queries": 10, "samples": 40, "seconds": 1.0, "batch_size": 4, "fastest_query_seconds": 0.002}}
-    _expect_measured_latency(settings, cold_start, "SingleStream")
+    expect_measured_latency(settings, cold_start, "SingleStream")
     assert settings.origin["target_latency"] == "measured" and float(settings.loadgen["target_latency"]) == 0.25

@@ -53,7 +53,7 @@ needs_torch = pytest.mark.skipif(TORCH_PROBLEM is not None, reason=f"torch GPU p
 
 
 def _runtime(model: str, backend: str, hardware: str, options: dict[str, Any]) -> Any:
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.runtime import build_runtime
 

@@ -64,7 +64,7 @@ def test_buffer_staging_gathers_what_numpy_take_gives_into_one_buffer_per_worker
 
 def _ort_runtime(limit: int = 16, max_batch_size: int = 4) -> Any:
     pytest.importorskip("onnxruntime")
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.runtime import build_runtime
 
@@ -175,7 +175,7 @@ def test_loadgen_reads_each_samples_own_output_through_the_device_path(tmp_path:
 
 def _torch_runtime(options: dict[str, Any] | None = None) -> Any:
     pytest.importorskip("torch")
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.runtime import build_runtime
 

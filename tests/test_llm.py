@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def engine():
     """The transformers engine with SmolLM2-135M loaded, for the tests that need no LoadGen run."""
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs import artifacts
     from mlharness.specs.index import default_index
     from mlharness.sut import backends
@@ -221,7 +221,7 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
     both have run parallel work), LoadGen's test on another thread, and every query is answered."""
     import mlperf_loadgen as lg
 
-    from mlharness.running.runner import run_test_beside_caller
+    from mlharness.running.loadgen_test import run_test_beside_caller
     from mlharness.sut.llm.runtime import PromptSet
     from mlharness.sut.llm.token_sut import TokenStreamingSUT
     from mlharness.sut.loadgen_handles import loadgen_handles
@@ -253,7 +253,7 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
 
 
 def test_the_test_beside_the_caller_raises_its_error_after_serving_ends():
-    from mlharness.running.runner import run_test_beside_caller
+    from mlharness.running.loadgen_test import run_test_beside_caller
 
     served, ended = [], threading.Event()
 

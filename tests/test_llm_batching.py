@@ -226,7 +226,7 @@ def test_continuous_batching_gives_the_same_greedy_tokens_as_one_sequence_at_a_t
     """fp32, 10 new tokens, six prompts of different lengths, a batch of 3 in transformers' continuous
     batching; the last three join while the first three are decoding. Each sequence's tokens equal the
     engine's one-at-a-time loop's."""
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs import artifacts
     from mlharness.specs.index import default_index
     from mlharness.sut import backends

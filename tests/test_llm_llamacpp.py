@@ -25,7 +25,7 @@ ONE_THREAD = {"intra_op_threads": 1}  # llama.cpp's spinning threads crawl when 
 
 
 def _load(backend: str, model=None, options=None):
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs import artifacts
     from mlharness.specs.index import default_index
     from mlharness.sut import backends

@@ -27,7 +27,7 @@ PROMPTS = 6
 @pytest.fixture(scope="module")
 def runtime():
     """The first PROMPTS polarity prompts, tokenized, and the transformers engine with SmolLM2 loaded."""
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.llm.runtime import build_llm_runtime
 

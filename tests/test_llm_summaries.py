@@ -64,7 +64,7 @@ def test_the_99_percent_rule_is_one_sided():
 
 
 def test_the_dataset_is_the_50_documents_with_their_first_sentence_and_its_own_answer_length():
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs.index import default_index
     from mlharness.sut.llm.runtime import for_dataset
     from mlharness.sut.processing import ProcessingContext

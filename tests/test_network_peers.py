@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from mlharness.running.runner import select_model
+from mlharness.running.resolve import select_model
 from mlharness.running.settings import HARNESS_DEFAULTS
 from mlharness.specs.index import default_index
 from mlharness.sut.network.tensors import datatype_of

@@ -57,7 +57,7 @@ def transformers_server():
 @pytest.fixture(scope="module")
 def engine():
     """The llama.cpp engine in this process, loaded as a run loads it."""
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.specs import artifacts
     from mlharness.specs.index import default_index
     from mlharness.sut import backends

@@ -110,7 +110,7 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
                 lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
 
             if sut.serve_on_caller:  # this thread serves, the test runs beside it (as the runner does)
-                from mlharness.running.runner import run_test_beside_caller
+                from mlharness.running.loadgen_test import run_test_beside_caller
 
                 run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
             else:

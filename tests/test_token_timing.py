@@ -93,7 +93,7 @@ def _run(tmp_path: Path, scenario: str):
     """One LoadGen performance test in token mode over QUERIES samples; (SUT, engine)."""
     import mlperf_loadgen as lg
 
-    from mlharness.running.runner import run_test_beside_caller
+    from mlharness.running.loadgen_test import run_test_beside_caller
     from mlharness.sut.llm.runtime import PromptSet
     from mlharness.sut.llm.token_sut import TokenStreamingSUT
     from mlharness.sut.loadgen_handles import loadgen_handles

@@ -14,7 +14,7 @@ DEFAULT_SEQUENCE_TOKENS = 2048
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from mlharness.running.runner import _harness_options, check_device, prepare_settings, resolve_manifests
+    from mlharness.running.resolve import check_device, harness_options, prepare_settings, resolve_manifests
     from mlharness.running.request import RunRequest
     from mlharness.serving.server import ServeOptions, probe_raw_sample, serve
     from mlharness.sut.served_model import load_served_model
@@ -36,7 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"{model.path}: not a generative model; --openai serves generative models (serve a tensor "
                         f"model with --http or --grpc)")
     check_device(backend_name, hardware)
-    options = _harness_options(prepare_settings(request, model), model)
+    options = harness_options(prepare_settings(request, model), model)
     if args.openai:
         return serve_generative(args, model, backend_name, hardware, options)
     served = load_served_model(model, hardware, backend_name, options)

@@ -347,7 +347,7 @@ def compare_generation_logs(paths: tuple[Path, Path], min_agreement: float = 1.0
 def compare_backends(index: SpecIndex, model_name: str, dataset_name: str | None, backends: tuple[str, str],
                      tolerance: Tolerance, hardware: str = "cpu", limit: int = 0,
                      batch_size: int = 0) -> DivergenceReport | TokenAgreementReport:
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
 
     if len(backends) != 2 or backends[0] == backends[1]:
         raise UserError(f"--backends: expected two different backends such as torch,onnxruntime, got {','.join(backends)}")

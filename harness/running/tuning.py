@@ -303,7 +303,7 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
     from mlharness.running import system as system_mod
     from mlharness.running.launcher import run_request
     from mlharness.running.progress import Ticker, quiet_from_env
-    from mlharness.running.runner import resolve_manifests
+    from mlharness.running.resolve import resolve_manifests
     from mlharness.store import result_store
 
     model, backend, _, hardware, _, _ = resolve_manifests(base)

@@ -55,7 +55,7 @@ def _fingerprint(options: SessionOptions) -> str:
 
 
 def _request(options: SessionOptions, scenario: str, command: str) -> Any:
-    from mlharness.running.runner import RunRequest
+    from mlharness.running.request import RunRequest
 
     return RunRequest(model=options.model, scenario=scenario, mode="performance", dataset=options.dataset,
                       backend=options.backend, hardware=options.hardware, quick=options.quick,
@@ -124,7 +124,7 @@ def _save_record(scenario_dir: Path, mode: str, record: dict[str, Any]) -> None:
 
 def run_session(options: SessionOptions) -> int:
     from mlharness.running import system as system_mod
-    from mlharness.running.runner import select_model
+    from mlharness.running.resolve import select_model
     from mlharness.submission.rules import benchmark_for
     from mlharness.specs.index import default_index
 
