@@ -119,7 +119,8 @@ def main() -> int:
                      "plain_session_error_pct": s["plain_session_error_pct"],
                      "brick_seconds": s["brick_seconds"], "variant_seconds": s["variant_seconds"],
                      "reuse_saved_seconds": s["reuse_saved_seconds"], "whole_model_seconds": s["whole_model_seconds"],
-                     "whole_model_stable": s["whole_model_stable"], "run_id": record.run_id,
+                     "whole_model_stable": s["whole_model_stable"], "phase_seconds": s.get("phase_seconds"),
+                     "run_id": record.run_id,
                      "measured_run": s["measured_run"]})
     errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     whole = sum(r["whole_model_seconds"] for r in rows)

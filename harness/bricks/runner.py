@@ -268,7 +268,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
                     best_samplers[brick.key] = variant_samplers[(brick.key, best_name)]
                 else:
                     best_fixed[brick.key] = found_by_key[brick.key][best_name]
-            _refine(best_samplers, best_fixed, by_key, empty, variant_rule)
+            _refine(best_samplers, best_fixed, by_key, empty, variant_rule, whole_model_cap(rule) / 4)
     finally:
         ticker.__exit__(None, None, None)
     for (key, name), sampler in variant_samplers.items():
@@ -464,12 +464,14 @@ def _row(brick: Any, variant: str, measurement: Any) -> dict[str, Any]:
 
 
 def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: dict[str, Any], empty: float,
-            rule: Any) -> float:
+            rule: Any, total_cap: float | None = None) -> float:
     """Extend the samplers until the estimate's 95% half-width (compose.estimate_halfwidth) is within
     rule.tolerance of the estimate; a brick stops taking calls at rule.time_cap seconds of timed calls,
-    all of them together at whole_model_cap (the cap the whole model is measured with).
+    all of them together at `total_cap` (default whole_model_cap: the cap the whole model is measured with).
     Returns the final half-width (ms)."""
     from mlharness.sut.bricks import calls_left, median_ci
+
+    total_cap = whole_model_cap(rule) if total_cap is None else total_cap
 
     def terms() -> tuple[list[compose.Term], dict[str, float]]:
         out, weights = [], {}
@@ -489,7 +491,7 @@ def _refine(samplers: dict[str, Any], fixed: dict[str, dict[str, Any]], bricks: 
         if halfwidth <= rule.tolerance * compose.estimate_from_terms(current, empty):
             return halfwidth
         open_keys = [key for key in weights if samplers[key].timed < rule.time_cap]
-        if not open_keys or sum(sampler.timed for sampler in samplers.values()) >= whole_model_cap(rule):
+        if not open_keys or sum(sampler.timed for sampler in samplers.values()) >= total_cap:
             return halfwidth
         key = max(open_keys, key=lambda k: weights[k])
         sampler = samplers[key]

@@ -89,9 +89,13 @@ def format_model(record: RunRecord) -> str:
              b.get("best_variant") or "-", "yes" if b["reused"] else "")
             for b in sorted(data["bricks"], key=lambda b: top.get(b["key"], len(top)))[:len(top)]]
     lines.append(format_table(("top brick", "x", "median ms", "total ms", "95% CI ms", "best variant", "reused"), rows))
-    ops = [(r["op_type"], r["nodes"], r["measured_ms"], f"{100 * r['measured_share']:.1f}%", r["lower_bound_ms"],
-            f"{100 * r['lower_bound_share']:.1f}%", r["gap_ms"]) for r in data["by_op_type"]]
-    lines.append(format_table(("op type", "nodes", "measured ms", "share", "lower bound ms", "share", "gap ms"), ops))
+    if summary.get("estimate_only"):  # no variants: no lower bound to show
+        ops = [(r["op_type"], r["nodes"], r["measured_ms"], f"{100 * r['measured_share']:.1f}%") for r in data["by_op_type"]]
+        lines.append(format_table(("op type", "nodes", "stored ms", "share"), ops))
+    else:
+        ops = [(r["op_type"], r["nodes"], r["measured_ms"], f"{100 * r['measured_share']:.1f}%", r["lower_bound_ms"],
+                f"{100 * r['lower_bound_share']:.1f}%", r["gap_ms"]) for r in data["by_op_type"]]
+        lines.append(format_table(("op type", "nodes", "measured ms", "share", "lower bound ms", "share", "gap ms"), ops))
     if summary.get("estimate_only"):
         lines.append(f"  estimate {_ms(summary['estimate_ms'])} ms (95% CI +-{_ms(summary['estimate_ci_ms'])} ms) "
                      f"composed from stored bricks: {summary['new_measurements']} new measurements "
