@@ -1,7 +1,12 @@
 """Faults with real processes and files: signals mid-run, killed runs, user code that exits, hangs or
 crashes, and what each leaves behind. `mlharness run` is started as a real command in its own
 process group; each test checks the exit status, the one-line message, that earlier results are
-byte-identical afterwards, and that no staging folder outlives its run."""
+byte-identical afterwards, and that no staging folder outlives its run.
+
+No verdict here reads the clock or depends on the machine's speed (issue 38): a test waits for the
+event itself (LoadGen's log under way, a process ended), with a deadline that only a missing event
+reaches; a run that must still be going when something happens to it lasts an hour; a whole-run
+timeout is far longer than any start-up."""
 from __future__ import annotations
 
 import hashlib
@@ -13,10 +18,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
+import psutil
 import pytest
 
 from tests.support import REPO
+from tests.unwritable import read_only_folder, without_overrides
 
 NULL = (REPO / "specs" / "models" / "null.yaml").read_text()
 
@@ -39,13 +47,30 @@ def null_manifest(folder: Path, preprocess: str | None = None, postprocess: str 
     return path
 
 
-def start(results: Path, *args: str) -> subprocess.Popen:
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test() -> Iterator[None]:
+    """A test that failed while its (hour-long) run went on kills the command; its run's process,
+    which dies with its parent, follows."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def start(results: Path, *args: str, **popen: Any) -> subprocess.Popen:
     # This tree first; what the caller had on PYTHONPATH (a mutation run's hooks, say) stays behind it.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     env.pop("MLHARNESS_DB", None)
-    return subprocess.Popen([sys.executable, "-m", "mlharness.cli", "run", *args, "--results-dir", str(results)],
+    proc = subprocess.Popen([sys.executable, "-m", "mlharness.cli", "run", *args, "--results-dir", str(results)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, **popen)
+    _STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
@@ -92,32 +117,49 @@ def assert_intact(results: Path, before: dict[str, str]) -> None:
     assert not list(results.rglob(".staging-*")), "a staging folder outlived its run"
 
 
-LONG = ("--scenario", "SingleStream", "--set", "min_duration=60000", "--set", "min_query_count=100000000")
+# An hour-long test: whatever ends it within a test's time was a stop, not its end.
+LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", "min_query_count=100000000")
+# A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
+# run is under way when it fires, however slow the start (the child's clock starts before its imports).
+TIMEOUT = 15
+
+
+def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for an event; the deadline only fails a test whose event never comes."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.05)
+
+
+def ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie nobody reaped yet (as the harness counts an owner)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def start_long_run(results: Path) -> subprocess.Popen:
-    """A 60 s null run, returned once its staging folder is claimed (owner.json written)."""
+    """An hour-long null run, returned once LoadGen's test is under way (its detail log begun)."""
     proc = start(results, "null", *LONG)
-    deadline = time.monotonic() + 60
-    while not list(results.rglob(".staging-*/owner.json")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
+
+    def under_way() -> bool:
+        assert proc.poll() is None, proc.communicate()[1]
+        return any(p.stat().st_size > 0 for p in results.rglob(".staging-*/performance/run_1/mlperf_log_detail.txt"))
+
+    wait_for(under_way, "LoadGen's test under way")
     return proc
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_mid_run_stops_within_two_seconds(earlier: tuple[Path, dict[str, str]], sig: int) -> None:
+def test_signal_mid_run_stops_the_run_and_keeps_its_logs(earlier: tuple[Path, dict[str, str]], sig: int) -> None:
+    """The stop does not wait for LoadGen's test: that lasts an hour, and `finish` gives up after 120 s
+    (about a second is usual here)."""
     results, before = earlier
-    proc = start(results, "null", *LONG)
-    time.sleep(5)  # well inside the 60 s test
-    assert proc.poll() is None
-    sent = time.monotonic()
+    proc = start_long_run(results)
     os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C does: to the whole process group
     code, out, err = finish(proc)
-    took = time.monotonic() - sent
-    # The target is 2 s (0.8 s measured here); 5 s leaves room for a loaded CI machine and still
-    # fails a stop that waits for LoadGen's 60 s test.
-    assert took < 5.0, f"took {took:.2f} s to stop"
     assert code == 128 + sig
     line = error_line(err)
     assert f"interrupted by {signal.Signals(sig).name}" in line and "failed-" in line
@@ -133,17 +175,15 @@ def test_signal_mid_run_stops_within_two_seconds(earlier: tuple[Path, dict[str, 
 def test_killed_run_is_closed_by_the_next_run(earlier: tuple[Path, dict[str, str]]) -> None:
     results, before = earlier
     proc = start_long_run(results)
-    time.sleep(2)
     # SIGKILL to the launcher and its run alike: nothing gets to clean up.
-    import psutil
-
-    child_pids = [child.pid for child in psutil.Process(proc.pid).children()]
-    for pid in child_pids:
-        os.killpg(pid, signal.SIGKILL)
+    children = psutil.Process(proc.pid).children()
+    assert children, "the run's process"
+    for child in children:
+        os.killpg(child.pid, signal.SIGKILL)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+    wait_for(lambda: all(ended(child) for child in children), "the killed run's process ended")
     assert list(results.rglob(".staging-*")), "the kill should have left the run's staging folder"
-    time.sleep(0.5)
     # The next run finds the folder, sees its owner is gone, and turns it into a failed run.
     code, out, err = finish(start(results, "null", "--scenario", "Offline", "--quick"))
     assert code == 0, err
@@ -158,16 +198,15 @@ def test_killed_launcher_fails_its_run(earlier: tuple[Path, dict[str, str]]) -> 
     records it in the database itself, since nobody else will."""
     results, before = earlier
     proc = start_long_run(results)
-    time.sleep(1)
+    children = psutil.Process(proc.pid).children()
+    assert children, "the run's process"
     proc.kill()
     proc.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    while list(results.rglob(".staging-*")):
-        assert time.monotonic() < deadline, "the orphaned run did not stop"
-        time.sleep(0.2)
+    # The orphan ends itself (its test would last an hour), after writing its folder and its row.
+    wait_for(lambda: all(ended(child) for child in children), "the orphaned run stopped", timeout=120)
+    assert not list(results.rglob(".staging-*"))
     record = failed_record(results)
     assert "launching process ended" in record["error"]
-    time.sleep(0.5)
     assert db_runs(results)[record["run_id"]][0] == "failed"
     assert_intact(results, before)
 
@@ -205,10 +244,10 @@ def test_user_code_that_hangs_times_out(earlier: tuple[Path, dict[str, str]], tm
                              "def preprocess(sample, ctx):\n"
                              f"    while {hang_on}:\n        time.sleep(1)\n"
                              "    return np.array([sample], dtype=np.float32)\n")
-    began = time.monotonic()
+    # The user code never returns: only load_timeout ends the run before `finish` gives up (120 s).
     code, out, err = finish(start(results, str(manifest), "--scenario", "Offline", "--quick",
                                   "--set", "load_timeout=2", *extra))
-    assert code == 1 and time.monotonic() - began < 30
+    assert code == 1
     line = error_line(err)
     assert f"{stage}" in line and "did not finish within 2 s" in line and "load_timeout" in line, line
     assert failed_record(results)["status"] == "failed"
@@ -219,12 +258,12 @@ def test_a_run_past_its_timeout_is_stopped(earlier: tuple[Path, dict[str, str]],
     results, before = earlier
     manifest = null_manifest(tmp_path / "models", postprocess="import time\n\ndef postprocess(outputs, ctx):\n"
                                                                "    time.sleep(3600)\n")
-    began = time.monotonic()
+    # The postprocess sleeps an hour: only the timeout ends the run before `finish` gives up (120 s).
     code, out, err = finish(start(results, str(manifest), "--scenario", "SingleStream", "--quick",
-                                  "--timeout", "4"))
-    assert code == 1 and time.monotonic() - began < 30
+                                  "--timeout", str(TIMEOUT)))
+    assert code == 1
     line = error_line(err)
-    assert "timed out after 4 s" in line
+    assert f"timed out after {TIMEOUT} s" in line and "failed-" in line, line
     assert "timed out" in failed_record(results)["error"]
     assert_intact(results, before)
 
@@ -254,16 +293,22 @@ def test_results_dir_that_is_a_file(tmp_path: Path) -> None:
     assert file.read_text() == "not a folder"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: a read-only folder cannot be made here")
 def test_results_dir_not_writable(tmp_path: Path) -> None:
-    folder = tmp_path / "results"
-    folder.mkdir()
-    folder.chmod(0o555)
+    """A results folder the run may not write (mode 0555; as root, the run started without the
+    capabilities that override the mode: tests/unwritable.py), or one it would have to create there:
+    one line naming the folder, exit 1, nothing written."""
+    folder = read_only_folder(tmp_path / "results")
     try:
-        code, out, err = finish(start(folder, "null", "--scenario", "Offline", "--quick"))
+        code, out, err = finish(start(folder, "null", "--scenario", "Offline", "--quick", **without_overrides()))
+        assert (code, out) == (1, "")
+        assert error_line(err) == f"mlharness: error: --results-dir {folder}: not writable"
+        inside = folder / "runs"
+        code, out, err = finish(start(inside, "null", "--scenario", "Offline", "--quick", **without_overrides()))
+        assert (code, out) == (1, "")
+        assert error_line(err) == f"mlharness: error: --results-dir {inside}: cannot be created ({folder} is not writable)"
+        assert list(folder.iterdir()) == [], "nothing half-written"
     finally:
         folder.chmod(0o755)
-    assert code == 1 and "not writable" in error_line(err)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
