@@ -19,24 +19,23 @@ def cmd_bricks(args: argparse.Namespace) -> int:
                       variants=not args.no_variants, brick_time_cap=args.time_cap,
                       command=shlex.join(["mlharness", *argv]) if argv[:1] == ["bricks"] else "", **fields)
     estimate = "measure-missing" if args.measure_missing else "only" if args.estimate_only else None
-    if estimate is None:
-        run_suite(args.models, base, measure=not args.no_measure)
-        return 0
     import os
 
     from mlharness.bricks.runner import ESTIMATE_ENV
 
-    before = os.environ.get(ESTIMATE_ENV)
-    os.environ[ESTIMATE_ENV] = estimate  # the bricks run's process reads it (RunRequest has no field for it)
+    # The bricks run's process reads the mode from its environment (RunRequest has no field for it);
+    # set for this invocation only, and cleared for a full run so an inherited value cannot change it.
+    before = os.environ.pop(ESTIMATE_ENV, None)
+    if estimate is not None:
+        os.environ[ESTIMATE_ENV] = estimate
     try:
-        run_suite(args.models, base, measure=False)  # nothing measured whole: the estimate is the answer
+        # --estimate-only measures nothing whole: the estimate is the answer.
+        run_suite(args.models, base, measure=estimate is None and not args.no_measure)
     finally:
-        if before is None:
-            os.environ.pop(ESTIMATE_ENV, None)
-        else:
+        os.environ.pop(ESTIMATE_ENV, None)
+        if before is not None:
             os.environ[ESTIMATE_ENV] = before
     return 0
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bricks", help="benchmark models through their layers: bricks, composed estimate, "
