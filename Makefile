@@ -53,8 +53,11 @@ setup-test: $(LLM_STAMP)
 run: setup
 	$(VENV)/bin/mlharness run resnet50-light --scenario Offline --quick
 
+# The suite in parallel (pytest-xdist): one worker per CPU, at most 4 (each worker loads its own frameworks),
+# a test module's tests on one worker (they share module fixtures: models, servers, a Ray cluster).
+TEST_WORKERS ?= auto
 test: setup-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile tests
 
 # Mutation testing of the core modules (docs/testing.md): per-module killed/survived counts on stdout
 # and in build/mutation/work/scores.json; `make mutation ARGS="--module gate"` runs one module.

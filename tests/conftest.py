@@ -24,8 +24,11 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     converted models (torch -> ONNX exports, the symbolic-batch resnet50-light graph) take seconds
     to minutes to rebuild, and every test that needs one would otherwise rebuild it. Sharing it is
     safe: an entry is named by a key over everything that makes it and reused only while its sha256
-    matches its provenance, and the cache is never the developer's ~/.cache/mlharness."""
-    return tmp_path_factory.getbasetemp() / "mlharness-cache"
+    matches its provenance, and the cache is never the developer's ~/.cache/mlharness. Under
+    pytest-xdist the workers share it too (the folder above each worker's own): an entry is written
+    under a per-process name and moved into place, so two workers making one entry only repeat work."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mlharness-cache"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -46,7 +46,14 @@ from mlharness.specs.validation import (
 )
 
 SHA = "a" * 64
-DEL = object()  # an edit that removes the field
+class _Delete:
+    """An edit that removes the field; its repr is stable, so every xdist worker collects the same test ids."""
+
+    def __repr__(self) -> str:
+        return "DEL"
+
+
+DEL = _Delete()
 
 BASE: dict[str, dict[str, Any]] = {
     "model": {

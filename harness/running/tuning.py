@@ -155,7 +155,7 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                 record = run_trial(replace(base, overrides=(*base.overrides, *overrides)))
             except UserError as exc:
                 attempt = Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
-                                str(exc).splitlines()[0][:300])
+                                str(exc).splitlines()[0])  # whole: a cut would lose the end of a long path
             else:
                 value = (record.performance or {}).get(figure)
                 attempt = Trial(dict(settings), float(value) if value is not None else None, record.run_id,
