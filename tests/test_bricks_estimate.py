@@ -82,13 +82,13 @@ def test_estimate_only_on_an_empty_database_names_the_empty_call_and_counts_the_
     assert f"; and {total - 5} more (add --measure-missing to measure only those" in err
 
 
-def test_a_full_run_ignores_an_estimate_mode_left_in_the_environment(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlharness.bricks.runner import ESTIMATE_ENV
+def test_the_estimate_mode_crosses_to_the_run_in_its_request_and_an_unknown_one_is_refused() -> None:
+    """The run's process reads the mode from its request (which it gets whole), not from its environment."""
+    from mlharness.errors import UserError
+    from mlharness.running.request import RunRequest
 
-    monkeypatch.setenv(ESTIMATE_ENV, "only")  # a leftover in the user's shell: the flag decides, not it
-    manifest = _user_model(tmp_path / "m", tiny_graph(tmp_path / "tiny.onnx"))
-    assert run_cli("bricks", manifest, "--results-dir", tmp_path / "r", "--no-measure", *FAST) == 0
-    summary = _bricks_json(_bricks_runs(tmp_path / "r")[-1])["summary"]
-    assert not summary.get("estimate_only") and summary["measured_bricks"] == summary["unique_bricks"]
-    assert summary["plain_session_ms"] > 0
+    request = RunRequest(model="m", scenario="SingleStream", kind="bricks", brick_estimate="measure-missing")
+    assert RunRequest.from_json(request.to_json()).brick_estimate == "measure-missing"
+    assert RunRequest(model="m", scenario="SingleStream", kind="bricks").brick_estimate is None  # a full run
+    with pytest.raises(UserError, match=r"^brick estimate: expected one of only, measure-missing, got 'al'$"):
+        RunRequest(model="m", scenario="SingleStream", kind="bricks", brick_estimate="al")

@@ -28,8 +28,6 @@ from mlharness.running.request import RunRequest
 # `mlharness bricks --estimate-only` / `--measure-missing`: how the launching command tells the bricks
 # run's process to compose from the stored bricks. RunRequest has no field for it yet (the request's
 # schema is not this module's), so it travels in the environment the child inherits.
-ESTIMATE_ENV = "MLHARNESS_BRICKS_ESTIMATE"
-ESTIMATE_MODES = ("only", "measure-missing")
 # The empty session call is stored with the bricks, under this key (one row per thread count), so an
 # estimate composed from stored bricks subtracts the same empty call as the run that measured them.
 EMPTY_CALL_KEY = "empty-call"
@@ -170,7 +168,7 @@ def measure_model(runtime: Any, request: RunRequest, record: RunRecord, where: r
     # The cost of a session call that does nothing, at each thread count a variant uses.
     empties_started = time.perf_counter()
     empty_model = sb.empty_session_model(optimized.opset_import, optimized.ir_version)
-    mode = os.environ.get(ESTIMATE_ENV) or None
+    mode = request.brick_estimate
     if mode is not None:
         return _estimate_from_store(runtime, request, record, staged_dir, decomposition, fp, threads, level, providers,
                                     options_for, empty_model, model_weights, main_variant, mode, started)
@@ -362,8 +360,6 @@ def _estimate_from_store(runtime: Any, request: RunRequest, record: RunRecord, s
 
     from mlharness.sut import bricks as sb
 
-    if mode not in ESTIMATE_MODES:
-        raise UserError(f"{ESTIMATE_ENV}={mode}: expected one of {', '.join(ESTIMATE_MODES)}")
     name = runtime.model.name
     known = _known_measurements(request, fp, [b.key for b in decomposition.bricks] + [EMPTY_CALL_KEY])
     missing = [b for b in decomposition.bricks if (b.key, main_variant) not in known]

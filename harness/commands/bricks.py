@@ -15,26 +15,12 @@ def cmd_bricks(args: argparse.Namespace) -> int:
         raise UserError(f"--backend {args.backend}: bricks are measured on onnxruntime only")
     argv = getattr(args, "argv", None) or []
     fields = request_fields(args) | {"backend": args.backend or "onnxruntime"}
-    base = RunRequest(model=args.models[0], scenario="SingleStream", kind="bricks", batch=args.batch,
-                      variants=not args.no_variants, brick_time_cap=args.time_cap,
-                      command=shlex.join(["mlharness", *argv]) if argv[:1] == ["bricks"] else "", **fields)
     estimate = "measure-missing" if args.measure_missing else "only" if args.estimate_only else None
-    import os
-
-    from mlharness.bricks.runner import ESTIMATE_ENV
-
-    # The bricks run's process reads the mode from its environment (RunRequest has no field for it);
-    # set for this invocation only, and cleared for a full run so an inherited value cannot change it.
-    before = os.environ.pop(ESTIMATE_ENV, None)
-    if estimate is not None:
-        os.environ[ESTIMATE_ENV] = estimate
-    try:
-        # --estimate-only measures nothing whole: the estimate is the answer.
-        run_suite(args.models, base, measure=estimate is None and not args.no_measure)
-    finally:
-        os.environ.pop(ESTIMATE_ENV, None)
-        if before is not None:
-            os.environ[ESTIMATE_ENV] = before
+    base = RunRequest(model=args.models[0], scenario="SingleStream", kind="bricks", batch=args.batch,
+                      variants=not args.no_variants, brick_time_cap=args.time_cap, brick_estimate=estimate,
+                      command=shlex.join(["mlharness", *argv]) if argv[:1] == ["bricks"] else "", **fields)
+    # --estimate-only measures nothing whole: the estimate is the answer.
+    run_suite(args.models, base, measure=estimate is None and not args.no_measure)
     return 0
 
 def register(sub: argparse._SubParsersAction) -> None:

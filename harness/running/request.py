@@ -21,6 +21,7 @@ REQUEST_SCHEMA_VERSION = 2
 # What a run measures, and so which runner executes it in the run's process (mlharness.running.launcher):
 # a LoadGen test, or a layer-level benchmark of the model's bricks (mlharness.bricks).
 RUN_KINDS = ("loadgen", "bricks")
+BRICK_ESTIMATES = ("only", "measure-missing")
 
 _PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root")
 _TUPLE_FIELDS = ("presets", "overrides", "profile", "compliance")
@@ -58,6 +59,9 @@ class RunRequest:
     measured_run: str | None = None
     variants: bool = True
     brick_time_cap: float = 2.0
+    # None: measure the bricks; "only": compose from the bricks stored for this system, measuring nothing;
+    # "measure-missing": the same, measuring only the bricks not stored (`mlharness bricks --estimate-only`).
+    brick_estimate: str | None = None
     quiet: bool = False  # no progress display (mlharness.running.progress)
     use_tuned: bool = True  # start from the configuration `mlharness tune` stored for this model and system
     # A server that runs the model (grpc://HOST:PORT, http://HOST:PORT): the LoadGen test runs here and
@@ -91,6 +95,8 @@ class RunRequest:
         if not cap > 0 or cap == float("inf"):
             raise UserError(f"--time-cap: expected a number of seconds > 0, got {self.brick_time_cap!r}")
         object.__setattr__(self, "brick_time_cap", cap)
+        if self.brick_estimate not in (None, *BRICK_ESTIMATES):
+            raise UserError(f"brick estimate: expected one of {', '.join(BRICK_ESTIMATES)}, got {self.brick_estimate!r}")
         if not self.model:
             raise UserError("model: expected a model manifest name or path, got nothing")
         if self.scenario not in SCENARIOS:
