@@ -16,7 +16,7 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF \
   $(if $(X86_64_V3),,-DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF)
 APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
-.PHONY: setup setup-test run test clean asan mutation
+.PHONY: setup setup-test run test test-fast clean asan mutation
 
 setup: $(STAMP)
 
@@ -56,8 +56,19 @@ run: setup
 # The suite in parallel (pytest-xdist): one worker per CPU, at most 4 (each worker loads its own frameworks),
 # a test module's tests on one worker (they share module fixtures: models, servers, a Ray cluster).
 TEST_WORKERS ?= auto
+PARALLEL := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 test: setup-test
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile tests
+	$(PY) -m pytest -q $(PARALLEL) tests
+
+# The inner loop (docs/testing.md): the suite less the modules that start servers, clusters, LLM engines, trial
+# searches, model exports or many run processes; `make test` still runs them all.
+FAST_LEAVES_OUT := test_tuning test_cluster test_openai_endpoint test_openai_serve test_openai_faults test_llm \
+  test_llm_batching test_llm_llamacpp test_llm_profiling test_llm_summaries test_token_timing test_zoo test_site \
+  test_network_peers test_network_faults test_faults test_launcher_rules test_real_models test_bad_input_round3 \
+  test_install test_sweep test_cli_sweep test_profiling test_bricks test_bricks_estimate test_bricks_timing \
+  test_submission test_cli_submission
+test-fast: setup
+	$(PY) -m pytest -q $(PARALLEL) $(foreach m,$(FAST_LEAVES_OUT),--ignore=tests/$(m).py) tests
 
 # Mutation testing of the core modules (docs/testing.md): per-module killed/survived counts on stdout
 # and in build/mutation/work/scores.json; `make mutation ARGS="--module gate"` runs one module.
