@@ -6,9 +6,14 @@ import hashlib
 import json
 import shutil
 import textwrap
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from mlharness.cli import main
+
+if TYPE_CHECKING:
+    import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -187,3 +192,22 @@ def linear_torch_model(name: str, *, sources: str = "", target_qps: int = 500, a
         "attributes:", "  max_batch_size: 16", f"  settings: {{Offline: {{target_qps: {target_qps}}}}}",
     ]
     return "\n".join(lines + (["accuracy: {metric: topk, k: [1]}"] if accuracy else [])) + "\n"
+
+
+def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60, poll: float = 0.02) -> None:
+    """Wait for an event; the deadline only fails a test whose event never comes (never a verdict on speed)."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(poll)
+
+
+def ended(process: "psutil.Process") -> bool:
+    """Gone, or a zombie nobody reaped yet (as the harness counts an owner)."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+

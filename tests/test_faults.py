@@ -16,14 +16,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, ended, wait_for
 from tests.unwritable import read_only_folder, without_overrides
 
 NULL = (REPO / "specs" / "models" / "null.yaml").read_text()
@@ -124,20 +123,6 @@ LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", 
 TIMEOUT = 15
 
 
-def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Wait for an event; the deadline only fails a test whose event never comes."""
-    deadline = time.monotonic() + timeout
-    while not happened():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.05)
-
-
-def ended(process: psutil.Process) -> bool:
-    """Gone, or a zombie nobody reaped yet (as the harness counts an owner)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def start_long_run(results: Path) -> subprocess.Popen:

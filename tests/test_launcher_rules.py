@@ -45,25 +45,12 @@ from mlharness.running.launcher import (
 from mlharness.running.request import RunRequest
 from mlharness.store import result_store
 from mlharness.store.result_store import ResultStore
+from tests.support import ended, wait_for
 from tests.unwritable import read_only_folder, without_overrides
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
 
-def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Wait for an event; the deadline only fails a test whose event never comes."""
-    deadline = time.monotonic() + timeout
-    while not happened():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.01)
-
-
-def ended(process: psutil.Process) -> bool:
-    """Gone, or a zombie nobody reaped yet."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def child_env() -> dict[str, str]:
