@@ -1,0 +1,145 @@
+"""The results site's plots and figure units: the accuracy-against-reference bars and a sweep's heat maps
+(matplotlib, Agg, through mlharness.compare.report)."""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from typing import Any
+
+from mlharness.compare.report import Plot, _png, _pyplot
+from mlharness.compare.site_html import slug
+from mlharness.records import record_metrics
+from mlharness.records.run_record import RunRecord
+
+
+def figure_unit(name: str) -> tuple[str, float]:
+    """(unit, factor) to show a figure in: nanoseconds as ms, bytes as MiB, the rest as stored."""
+    key = name.partition(".")[2]
+    if key.endswith("_ns"):
+        return "ms", 1e-6
+    if key.endswith("_bytes"):
+        return "MiB", 2**-20
+    if key.endswith("_seconds") or key.endswith("seconds"):
+        return "s", 1.0
+    if key.endswith("_ms"):
+        return "ms", 1.0
+    if "per_second" in key:
+        return "samples/s", 1.0
+    if key.endswith("qps"):
+        return "queries/s", 1.0
+    return "", 1.0
+
+
+def shown_name(name: str) -> str:
+    unit, _ = figure_unit(name)
+    base = re.sub(r"_(ns|bytes|ms)$", "", name)
+    return f"{base} ({unit})" if unit else base
+
+
+def accuracy_reference_plot(record: RunRecord) -> list[Plot]:
+    """Measured accuracy against the reference log's expected value and tolerance, per metric."""
+    checks = [c for c in (record.accuracy or {}).get("checks") or []
+              if isinstance(c, dict) and isinstance(c.get("measured"), (int, float))
+              and isinstance(c.get("expected"), (int, float))]
+    if not checks:
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    xs = range(len(checks))
+    ax.bar([x - 0.2 for x in xs], [c["expected"] for c in checks], 0.4, label="reference (expected)",
+           yerr=[float(c.get("tolerance") or 0) for c in checks], capsize=4, color="#9db4d8")
+    ax.bar([x + 0.2 for x in xs], [c["measured"] for c in checks], 0.4, label="measured",
+           color=["#3a8d4f" if c.get("pass") else "#c0392b" for c in checks])
+    ax.set_xticks(list(xs), [str(c.get("name")) for c in checks])
+    ax.set_ylabel("accuracy (fraction of samples)")
+    ax.set_xlabel("metric (error bar: the reference's tolerance)")
+    ax.set_title(f"{record.model_name}/{record.backend}: accuracy vs reference ({record.accuracy_verdict})")
+    ax.legend(fontsize=8)
+    return [Plot("accuracy-vs-reference.png", "Accuracy vs reference",
+                 "Measured accuracy beside the reference log's expected value (tolerance as error bars); "
+                 "green passed, red failed.", _png(fig))]
+
+
+def _heat_value(name: str, value: float) -> float:
+    return value * figure_unit(name)[1]
+
+
+def _cell_text(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _ticker():  # noqa: ANN202 - matplotlib.ticker, loaded with pyplot
+    _pyplot()
+    import matplotlib.ticker
+
+    return matplotlib.ticker
+
+
+def sweep_heatmaps(rows: list[dict[str, Any]], sweep_id: str) -> list[Plot]:
+    """Per scenario, model, backend and other settings: the median headline figure of each cell on a
+    max_batch_size x intra_op_threads grid (failed cells marked)."""
+    groups: dict[tuple, dict[tuple[str, str], dict[str, Any]]] = {}
+    for row in rows:
+        cell, record = row["cell"], row["record"]
+        other = " ".join([f"{k}={v}" for k, v in cell.manifests().items()]
+                         + [o for o in cell.overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))])
+        backend = (record or {}).get("backend") or cell.backend or "default"
+        key = (cell.scenario, cell.model, backend, other)
+        at = (cell.setting("max_batch_size") or "default", cell.setting("intra_op_threads") or "default")
+        entry = groups.setdefault(key, {}).setdefault(at, {"values": [], "failed": 0})
+        name, value = record_metrics.headline(record) if record and row["row"]["status"] == "ok" else ("", None)
+        if value is None:
+            entry["failed"] += 1
+        else:
+            entry["values"].append(value)
+            entry["metric"] = name
+    plots = []
+    for index, ((scenario, model, backend, other), cells) in enumerate(sorted(groups.items())):
+        if len(cells) < 2:
+            continue
+        metric = next((c["metric"] for c in cells.values() if "metric" in c), None)
+        if metric is None:
+            continue
+
+        def order(v: str) -> tuple:
+            return (0, int(v), "") if v.isdigit() else (1, 0, v)
+
+        batches = sorted({b for b, _ in cells}, key=order)
+        threads = sorted({t for _, t in cells}, key=order)
+        grid = [[math.nan] * len(threads) for _ in batches]
+        notes = [[""] * len(threads) for _ in batches]
+        for (b, t), c in cells.items():
+            i, j = batches.index(b), threads.index(t)
+            if c["values"]:
+                grid[i][j] = _heat_value(metric, statistics.median(c["values"]))
+                notes[i][j] = _cell_text(grid[i][j]) + (f"\n({len(c['values'])} runs)" if len(c["values"]) > 1 else "")
+            else:
+                notes[i][j] = "failed"
+        unit, _ = figure_unit(metric)
+        higher = record_metrics.higher_is_better(metric)
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(1.6 * len(threads) + 3.2, 0.9 * len(batches) + 2.2))
+        image = ax.imshow(grid, cmap="viridis" if higher else "viridis_r", aspect="auto")
+        ax.set_xticks(range(len(threads)), threads)
+        ax.set_yticks(range(len(batches)), batches)
+        ax.set_xlabel("intra_op_threads (threads per session; 0 = framework default)")
+        ax.set_ylabel("max_batch_size (samples)")
+        finite = [v for line in grid for v in line if not math.isnan(v)]
+        middle = (min(finite) + max(finite)) / 2 if finite else 0
+        for i in range(len(batches)):
+            for j in range(len(threads)):
+                value = grid[i][j]
+                light = not math.isnan(value) and ((value < middle) == higher)
+                ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=9,
+                        color="white" if light else ("#b3261e" if math.isnan(value) else "black"))
+        key = metric.partition(".")[2]
+        bar = fig.colorbar(image, ax=ax)
+        bar.set_label(f"{key} ({unit})" if unit else key)
+        bar.ax.yaxis.set_major_formatter(_ticker().FuncFormatter(lambda v, _pos: _cell_text(v)))
+        ax.set_title(f"{scenario} {model}/{backend}: median {key}" + (f"\n{other}" if other else ""), fontsize=10)
+        better = "brighter is better" + ("" if higher else " (lower latency)")
+        plots.append(Plot(f"heatmap-{index}-{slug(scenario)}-{slug(model)}.png",
+                          f"{scenario} {model}/{backend}: {key} by batch size and threads",
+                          f"Median {key} ({unit}) over each cell's ok runs of sweep {sweep_id}; {better}.", _png(fig)))
+    return plots
