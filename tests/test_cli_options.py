@@ -1,13 +1,17 @@
 """User-facing options no other test exercised (issue 38), each checked on what it changes in real
-runs: `submission package --model/--scenarios/--run/--results-system/--system-file`. (More options
-are covered in tests/test_cli_options_2.py.)
+runs: `submission package --model/--scenarios/--run/--results-system/--system-file`, `sweep --db` and
+`--quiet`, `results sweeps`, `results export --scenario`. (More options are covered in
+tests/test_cli_options_2.py.)
 
 Runs are the null model with --quick; verdicts (VALID/INVALID) do not matter here, so nothing depends
 on the machine's speed: packages are made with --allow-invalid and --skip-dataset-size-check."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -193,3 +197,117 @@ def test_system_file_option_fills_the_system_description(env: dict, tmp_path: Pa
     bad.write_text(json.dumps({"colour": "blue"}))
     assert package(results, tmp_path / "bad", "--model", MODEL, "--system-file", bad) == 1
     assert capsys.readouterr().err.startswith("mlharness: error: --system-field colour: not a system description field")
+
+
+# ---- sweep --db / --quiet, results sweeps, results export --scenario ----------------------------
+
+GRID = """\
+    name: optsweep
+    quick: true
+    timeout: 120
+    models:
+      - name: "null"
+        set:
+          SingleStream: {target_latency: 0.002}
+          Offline: {target_qps: 50000}
+    scenarios: [Offline, SingleStream]
+    """
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The grid swept twice into a database given with --db, away from the results tree: under its
+    own name and as --sweep-id again."""
+    root = tmp_path_factory.mktemp("sweep-options")
+    grid = root / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID))
+    results, db = root / "results", root / "elsewhere" / "sweeps.sqlite"
+    db.parent.mkdir()
+    assert run_cli("sweep", grid, "--results-dir", results, "--db", db) == 0
+    assert run_cli("sweep", grid, "--results-dir", results, "--db", db, "--sweep-id", "again") == 0
+    return {"grid": grid, "results": results, "db": db}
+
+
+def _cells(db: Path, sweep_id: str) -> dict[str, str]:
+    """The sweep's cells as stored: scenario -> run id."""
+    from mlharness.store.result_store import ResultStore
+
+    with ResultStore(db, create=False) as store:
+        rows = store.sweep_cells(sweep_id)
+        return {store.get_run(row["run_id"])["scenario"]: row["run_id"] for row in rows if row["status"] == "ok"}
+
+
+def test_sweep_db_option_stores_the_sweep_there_not_in_the_results_tree(swept: dict,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    results, db = swept["results"], swept["db"]
+    assert not (results / "mlharness.sqlite").exists()
+    cells = _cells(db, "optsweep")
+    assert sorted(cells) == ["Offline", "SingleStream"]
+    # The runs' files are in the results tree all the same.
+    for scenario, run_id in cells.items():
+        assert list(results.glob(f"*/null/{scenario}/runs/{run_id}/run.json"))
+    capsys.readouterr()
+    assert run_cli("results", "sweeps", "--results-dir", results) == 1
+    assert capsys.readouterr().err.strip() == (f"mlharness: error: {results / 'mlharness.sqlite'}: no results database "
+                                               f"here (run something first, or pass --db)")
+
+
+def test_results_sweeps_lists_each_sweep_with_its_cells(swept: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert run_cli("results", "sweeps", "--db", swept["db"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["sweep", "name", "grid", "cells", "run", "ok", "updated"]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert sorted(rows) == ["again", "optsweep"]
+    for sweep_id, row in rows.items():
+        # id, the grid's name, the grid file, cells run, ok
+        assert row[1:5] == ["optsweep", str(swept["grid"]), "2", "2"], row
+    assert len(lines) == 4  # header, rule, two sweeps
+
+
+def _export(db: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> list[dict]:
+    capsys.readouterr()
+    assert run_cli("results", "export", "--db", db, "--format", "csv", *extra) == 0
+    return list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+
+
+def test_results_export_scenario_option_filters_the_rows(swept: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    db = swept["db"]
+    every = _export(db, capsys)
+    assert sorted(r["scenario"] for r in every) == ["Offline", "Offline", "SingleStream", "SingleStream"]
+    for scenario in ("Offline", "SingleStream"):
+        rows = _export(db, capsys, "--scenario", scenario)
+        expected = {_cells(db, "optsweep")[scenario], _cells(db, "again")[scenario]}
+        assert {r["run_id"] for r in rows} == expected and {r["scenario"] for r in rows} == {scenario}
+        # With another filter beside it (both apply) and with --summary (one row per scenario).
+        assert [r["run_id"] for r in _export(db, capsys, "--scenario", scenario, "--sweep", "again")] == \
+            [_cells(db, "again")[scenario]]
+        summary = _export(db, capsys, "--summary", "--scenario", scenario)
+        assert [r["scenario"] for r in summary] == [scenario]
+    assert _export(db, capsys, "--scenario", "Server") == []
+
+
+def test_sweep_quiet_option_drops_the_live_progress_not_the_cell_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Progress on (the suite turns it off) with a line every 20 ms, through a Server cell whose LoadGen
+    test lasts at least 1 s (min_duration): the ticker draws however fast the machine."""
+    monkeypatch.delenv("MLHARNESS_PROGRESS")
+    monkeypatch.setenv("MLHARNESS_PROGRESS_INTERVAL", "0.02")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID).replace("[Offline, SingleStream]", "[Server]"))
+    args = ("sweep", grid, "--results-dir", tmp_path / "results", "--set", "min_duration=1000",
+            "--set", "target_qps=2000", "--rerun")
+
+    def cell_lines(err: str) -> list[str]:
+        return [line for line in err.splitlines() if line.startswith("[1/1] null/default/Server ")]
+
+    capfd.readouterr()
+    assert run_cli(*args) == 0
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("[progress] ")], err
+    assert len(cell_lines(err)) == 1 and ": ok (" in cell_lines(err)[0]
+    assert run_cli(*args, "--quiet") == 0
+    err = capfd.readouterr().err
+    assert not [line for line in err.splitlines() if line.startswith("[progress]")], err
+    assert len(cell_lines(err)) == 1 and ": ok (" in cell_lines(err)[0]
+    assert err.startswith("sweep optsweep: 1 cell run(s), 0 already finished, 1 to run")
