@@ -95,3 +95,35 @@ def test_node_dry_run_still_checks_its_arguments(capsys: pytest.CaptureFixture[s
                                                "or --address HOST:PORT (join one)")
     assert run_cli("node", "--head", "--dry-run", "--", "--resources", "{}") == 1
     assert "--resources is set from the detected system" in capsys.readouterr().err
+
+
+# ---- tune on SingleStream, its request flags ------------------------------------------------------
+
+def test_tune_single_stream_trials_carry_the_request_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each trial is a run of its own; --trial-seconds is each trial's min_duration, --set reaches each
+    trial, --repeats 1 runs each searched configuration once (before the confirmation rounds)."""
+    from mlharness.store.result_store import ResultStore
+
+    results = tmp_path / "results"
+    assert run_cli("tune", "null", "--scenario", "SingleStream", "--trial-seconds", "0.2", "--repeats", "1",
+                   "--set", "target_latency=0.002", "--dataset", "null-samples", "--hardware", "cpu", "--quiet",
+                   "--results-dir", results) == 0
+    out = capsys.readouterr().out
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        (stored,) = store.list_tuned()
+        assert stored["scenario"] == "SingleStream" and stored["figure_name"] == "singlestream.p90_latency_ns"
+        trials = json.loads(stored["trials_json"])
+        # --repeats 1: one run a trial, no more runs in the database than trials in the search.
+        assert sorted(row["run_id"] for row in store.list_runs()) == sorted(t["run_id"] for t in trials)
+        records = [json.loads((Path(store.get_run(t["run_id"])["results_path"]) / "run.json").read_text())
+                   for t in trials]
+    assert len(records) >= 2
+    for record in records:
+        settings = record["settings"]
+        assert (record["scenario"] if "scenario" in record else settings["scenario"]) == "SingleStream"
+        assert settings["loadgen"]["min_duration"] == "200" and settings["origin"]["min_duration"] == "cli"
+        assert settings["loadgen"]["target_latency"] == "0.002" and settings["origin"]["target_latency"] == "cli"
+        assert record["dataset"]["name"] == "null-samples" and record["hardware"]["name"] == "cpu"
+    searched = [line.split()[1] for line in out.splitlines()
+                if line[:1].isdigit() and line.split()[2:3] != [] and "(confirm)" not in line and " ok " in f" {line} "]
+    assert searched and len(searched) == len(set(searched)), out
