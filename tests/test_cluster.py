@@ -257,14 +257,14 @@ def test_a_cell_no_node_can_run_is_unschedulable_at_once(cluster: Cluster, tmp_p
 
 
 def launcher_children(cluster: Cluster, name: str) -> list[int]:
-    """The cell processes (mlharness.running.launcher children) started by a node's Ray workers."""
+    """The cell processes (mlharness.running.run_child processes) started by a node's Ray workers."""
     import psutil
 
     workers = set(cluster.session_pids(name))
     found = []
     for process in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = process.info["cmdline"] or []
-        if "mlharness.running.launcher" in cmdline and process.info["ppid"] in workers:
+        if "mlharness.running.run_child" in cmdline and process.info["ppid"] in workers:
             found.append(process.pid)
     return found
 

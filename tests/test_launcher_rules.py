@@ -27,19 +27,16 @@ import pytest
 from mlharness.errors import RunFailed, RunInterrupted, UserError
 from mlharness.records.results import ScenarioDir
 from mlharness.records.run_record import RunRecord, new_run_id
-from mlharness.running import launcher
-from mlharness.running.launcher import (
-    OUTCOME_SCHEMA_VERSION,
+from mlharness.running import launcher, outcome as outcome_mod, run_child, run_folders
+from mlharness.running.launcher import LocalLauncher, run_request
+from mlharness.running.outcome import OUTCOME_SCHEMA_VERSION, Outcome, describe_exit
+from mlharness.running.run_child import RunGuard
+from mlharness.running.run_folders import (
     STAGING_PREFIX,
-    LocalLauncher,
-    Outcome,
-    RunGuard,
     check_results_dir,
     clean_stale_staging,
-    describe_exit,
     finalize_abandoned,
     record_results_dir,
-    run_request,
     store_record,
 )
 from mlharness.running.request import RunRequest
@@ -116,7 +113,7 @@ CHECK = """\
 import sys
 from pathlib import Path
 from mlharness.errors import UserError
-from mlharness.running.launcher import check_results_dir
+from mlharness.running.run_folders import check_results_dir
 for arg in sys.argv[1:]:
     try:
         check_results_dir(Path(arg))
@@ -159,18 +156,18 @@ def test_unwritable_results_dirs(tmp_path: Path) -> None:
 def test_an_owner_is_alive_only_as_the_same_living_process(tmp_path: Path) -> None:
     rec = record()
     staging = staging_of(tmp_path, rec, owner=my_owner())
-    assert launcher._owner_alive(staging)
+    assert run_folders.owner_alive(staging)
     (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] - 5}))
-    assert not launcher._owner_alive(staging), "a reused pid is another process"
+    assert not run_folders.owner_alive(staging), "a reused pid is another process"
     (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] + 0.5}))
-    assert launcher._owner_alive(staging), "create times within a second are the same process"
+    assert run_folders.owner_alive(staging), "create times within a second are the same process"
     for off in (1.0, -1.0, 1.5):
         (staging / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": my_owner()["create_time"] + off}))
-        assert not launcher._owner_alive(staging), f"a create time {off:+} s away is another process"
+        assert not run_folders.owner_alive(staging), f"a create time {off:+} s away is another process"
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     (staging / "owner.json").write_text(json.dumps({"pid": ended.pid, "create_time": 0}))
-    assert not launcher._owner_alive(staging)
+    assert not run_folders.owner_alive(staging)
 
 
 def test_a_zombie_owner_is_gone(tmp_path: Path) -> None:
@@ -179,7 +176,7 @@ def test_a_zombie_owner_is_gone(tmp_path: Path) -> None:
         wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, "the child a zombie")
         staging = staging_of(tmp_path, record(),
                              owner={"pid": child.pid, "create_time": psutil.Process(child.pid).create_time()})
-        assert not launcher._owner_alive(staging)
+        assert not run_folders.owner_alive(staging)
     finally:
         child.wait()
 
@@ -191,16 +188,16 @@ def test_without_a_readable_owner_only_an_hour_old_folder_is_abandoned(tmp_path:
             "bad pid": json.dumps({"pid": "x", "create_time": 1.0})}[owner]
     if text is not None:
         (staging / "owner.json").write_text(text)
-    assert launcher._owner_alive(staging)
+    assert run_folders.owner_alive(staging)
     hour_ago = time.time() - 3601
     os.utime(staging, (hour_ago, hour_ago))
-    assert not launcher._owner_alive(staging)
+    assert not run_folders.owner_alive(staging)
     os.utime(staging, (hour_ago + 120, hour_ago + 120))
-    assert launcher._owner_alive(staging)
+    assert run_folders.owner_alive(staging)
     just_over = time.time() - 3600.5
     os.utime(staging, (just_over, just_over))
-    assert not launcher._owner_alive(staging), "untouched for an hour: abandoned"
-    assert not launcher._owner_alive(tmp_path / "no-such-staging")
+    assert not run_folders.owner_alive(staging), "untouched for an hour: abandoned"
+    assert not run_folders.owner_alive(tmp_path / "no-such-staging")
 
 
 def test_finalize_abandoned_makes_a_failed_run_of_the_preliminary_record(tmp_path: Path) -> None:
@@ -439,27 +436,27 @@ def test_a_killed_child_past_its_timeout_timed_out(tmp_path: Path) -> None:
 def test_timed_out_reads_the_childs_start(tmp_path: Path) -> None:
     workdir = tmp_path / "w"
     workdir.mkdir()
-    assert launcher._timed_out(workdir, request(tmp_path, 60)), "never started: the whole time went by"
+    assert run_folders.timed_out(workdir, request(tmp_path, 60)), "never started: the whole time went by"
     (workdir / "started.json").write_text("{")
-    assert launcher._timed_out(workdir, request(tmp_path, 60))
+    assert run_folders.timed_out(workdir, request(tmp_path, 60))
     (workdir / "started.json").write_text(json.dumps({"staging": "x"}))
-    assert launcher._timed_out(workdir, request(tmp_path, 60))
+    assert run_folders.timed_out(workdir, request(tmp_path, 60))
     started(workdir, None, "id", 4)  # the 56 s left cannot run out between these lines
-    assert not launcher._timed_out(workdir, request(tmp_path, 60))
+    assert not run_folders.timed_out(workdir, request(tmp_path, 60))
     started(workdir, None, "id", 60.5)  # time passing only makes it later
-    assert launcher._timed_out(workdir, request(tmp_path, 60))
+    assert run_folders.timed_out(workdir, request(tmp_path, 60))
 
 
 def test_started_staging(tmp_path: Path) -> None:
     workdir = tmp_path / "w"
     workdir.mkdir()
-    assert launcher._started_staging(workdir) is None
+    assert run_folders.started_staging(workdir) is None
     (workdir / "started.json").write_text("not json")
-    assert launcher._started_staging(workdir) is None
+    assert run_folders.started_staging(workdir) is None
     (workdir / "started.json").write_text(json.dumps({"run_id": "x"}))
-    assert launcher._started_staging(workdir) is None
+    assert run_folders.started_staging(workdir) is None
     started(workdir, tmp_path / "s", "x", 0)
-    assert launcher._started_staging(workdir) == tmp_path / "s"
+    assert run_folders.started_staging(workdir) == tmp_path / "s"
     # The folder it names is gone (finalized elsewhere): no record, no "logs kept".
     outcome = LocalLauncher()._outcome(workdir, 1, None, request(tmp_path))
     assert outcome.record is None and outcome.error.endswith("before finishing the run")
@@ -591,7 +588,7 @@ def test_started_writes_the_preliminary_record_the_owner_and_the_start(tmp_path:
     start = json.loads((workdir / "started.json").read_text())
     assert (start["staging"], start["run_id"]) == (str(where.staging), rec.run_id)
     assert before <= start["monotonic"] <= time.monotonic()
-    assert launcher._owner_alive(where.staging), "a running run's folder is not abandoned"
+    assert run_folders.owner_alive(where.staging), "a running run's folder is not abandoned"
     RunGuard(None).started(record(), ScenarioDir(tmp_path / "r2", "id2"))  # no workdir: no started.json
     assert (tmp_path / "r2" / ".staging-id2" / "run.json").is_file()
 
@@ -675,19 +672,19 @@ def test_error_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    user = launcher._error_outcome(UserError("bad flag"))
+    user = outcome_mod.error_outcome(UserError("bad flag"))
     assert user == Outcome(kind="error", error="bad flag", exit_status=1)
     rec = record(status="failed")
-    failed = launcher._error_outcome(RunFailed("it failed", rec, 130))
+    failed = outcome_mod.error_outcome(RunFailed("it failed", rec, 130))
     assert failed == Outcome(kind="error", record=rec, error="it failed", exit_status=130)
     kept = UserError("with a traceback")
     kept.traceback_path = "/somewhere/tb.txt"  # type: ignore[attr-defined]
-    assert launcher._error_outcome(kept).traceback_path == "/somewhere/tb.txt"
+    assert outcome_mod.error_outcome(kept).traceback_path == "/somewhere/tb.txt"
     try:
         {}["missing"]
     except KeyError as caught:
         exc = caught
-        bug = launcher._error_outcome(exc)
+        bug = outcome_mod.error_outcome(exc)
     assert bug.kind == "error" and bug.record is None and bug.exit_status == 1
     assert bug.error == "internal error: KeyError: 'missing'"
     path = Path(bug.traceback_path)
@@ -745,10 +742,10 @@ def test_each_run_kind_has_its_runner() -> None:
     import mlharness.bricks.runner
     import mlharness.running.runner
 
-    assert launcher.runner_for("loadgen") is mlharness.running.runner
-    assert launcher.runner_for("bricks") is mlharness.bricks.runner
+    assert run_child.runner_for("loadgen") is mlharness.running.runner
+    assert run_child.runner_for("bricks") is mlharness.bricks.runner
     with pytest.raises(KeyError):
-        launcher.runner_for("other")
+        run_child.runner_for("other")
 
 
 # ---- real runs through the launcher, the parent in this process --------------------------------
@@ -967,7 +964,7 @@ def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Pat
 
 def test_the_run_process_dies_with_its_parent() -> None:
     """Linux: the child asks for SIGHUP when the launching process dies (prctl PR_SET_PDEATHSIG)."""
-    code = ("import ctypes\nfrom mlharness.running import launcher\nlauncher._die_with_parent()\n"
+    code = ("import ctypes\nfrom mlharness.running import run_child\nrun_child._die_with_parent()\n"
             "sig = ctypes.c_int()\nctypes.CDLL(None).prctl(2, ctypes.byref(sig))\nprint(sig.value)\n")
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -977,17 +974,17 @@ def test_the_run_process_dies_with_its_parent() -> None:
     # The parent died before the request took effect (its pid is no longer our parent's): SIGHUP now.
     # The run's child installs its SIGHUP handler first (_watch_signals); the default stands in for it here, not
     # what this process inherited (under nohup SIGHUP is ignored, and the child would live on).
-    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom mlharness.running import launcher\n"
-            "launcher._PARENT_PID = -1\nlauncher._die_with_parent()\nprint('alive')\n")
+    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom mlharness.running import run_child\n"
+            "run_child._PARENT_PID = -1\nrun_child._die_with_parent()\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGHUP and "alive" not in done.stdout
 
 
 # ---- the run's process itself ---------------------------------------------------------------------
-# The launcher starts it as `python -m mlharness.running.launcher`, where the module is __main__: a
+# The launcher starts it as `python -m mlharness.running.run_child`, where the module is __main__: a
 # mutation run would neither see nor switch its code there. These tests start child_main imported.
 
-CHILD = "import sys\nfrom pathlib import Path\nfrom mlharness.running import launcher\nlauncher.child_main(Path(sys.argv[1]))\n"
+CHILD = "import sys\nfrom pathlib import Path\nfrom mlharness.running import run_child\nrun_child.child_main(Path(sys.argv[1]))\n"
 
 
 def start_child(workdir: Path, req: RunRequest | None, tmp: Path) -> subprocess.Popen:

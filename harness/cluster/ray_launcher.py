@@ -23,7 +23,8 @@ from typing import Any
 from mlharness.atomic_io import write_json, write_text
 from mlharness.cluster.address import DEFAULT_CONNECT_TIMEOUT_S, parse_cluster_address, probe
 from mlharness.errors import UserError, require
-from mlharness.running.launcher import Outcome, store_record
+from mlharness.running.outcome import Outcome
+from mlharness.running.run_folders import store_record
 from mlharness.running.request import RunRequest
 
 EXTRA = "cluster"

@@ -39,7 +39,7 @@ __all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run_here"]
 
 
 def run_here(request: RunRequest, guard: Any) -> RunRecord:
-    """The run itself, in this process (the launcher's child): `guard` (mlharness.running.launcher.RunGuard)
+    """The run itself, in this process (the launcher's child): `guard` (mlharness.running.run_child.RunGuard)
     is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
     model, backend_name, dataset, hardware, software, reference = resolve_manifests(request)
     settings = prepare_settings(request, model)
