@@ -131,9 +131,6 @@ def test_run_option_default_is_the_latest_and_pins_are_checked(env: dict, tmp_pa
     assert packaged(tmp_path / "pinned")[(system, MODEL, "SingleStream")]["performance"]["run_id"] == ids["ss_perf"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: `submission package --run ID` pinning an older accuracy run records "
-                                       "that run (README, mlharness_runs.json) but copies the scenario view's "
-                                       "accuracy/ logs, which are the latest accuracy run's")
 def test_run_option_pinning_an_older_accuracy_run_packages_its_logs(env: dict, tmp_path: Path) -> None:
     results, system, ids = env["results"], env["system"], env["ids"]
     assert package(results, tmp_path / "old", "--model", MODEL, "--scenarios", "Offline", "--run", ids["off_acc1"]) == 0

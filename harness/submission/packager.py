@@ -208,9 +208,13 @@ def _copy_scenario(runs: ScenarioRuns, dest: Path, full_log: Path) -> None:
     src = runs.path
     for name in PERFORMANCE_FILES:
         _copy(src / "performance" / "run_1" / name, dest / "performance" / "run_1" / name)
+    # The accuracy run's own logs (runs/<id>/accuracy): the scenario's view holds the latest accuracy
+    # run's, which is another run's when an older one was pinned with --run.
+    own = src / "runs" / runs.accuracy.run_id / "accuracy" if runs.accuracy is not None else None
+    accuracy = own if own is not None and own.is_dir() else src / "accuracy"
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
-        _copy(src / "accuracy" / name, dest / "accuracy" / name)
-    accuracy_txt.write_packaged_accuracy(src / "accuracy", dest / "accuracy", full_log)
+        _copy(accuracy / name, dest / "accuracy" / name)
+    accuracy_txt.write_packaged_accuracy(accuracy, dest / "accuracy", full_log)
     _copy(src / "measurements.json", dest / "measurements.json")
     write_text(dest / "user.conf", _user_conf(runs))
     write_text(dest / "README.md", _readme(runs))
