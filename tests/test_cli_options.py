@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -282,6 +283,11 @@ def test_results_export_scenario_option_filters_the_rows(swept: dict, capsys: py
         summary = _export(db, capsys, "--summary", "--scenario", scenario)
         assert [r["scenario"] for r in summary] == [scenario]
     assert _export(db, capsys, "--scenario", "Server") == []
+    # A scenario that is none (a wrong case, a typo) is refused in one line, not an empty export.
+    with pytest.raises(SystemExit) as refused:
+        run_cli("results", "export", "--db", db, "--scenario", "offline")
+    assert refused.value.code == 2
+    assert "argument --scenario: invalid choice: 'offline'" in capsys.readouterr().err
 
 
 def test_sweep_quiet_option_drops_the_live_progress_not_the_cell_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -301,7 +307,9 @@ def test_sweep_quiet_option_drops_the_live_progress_not_the_cell_lines(tmp_path:
     capfd.readouterr()
     assert run_cli(*args) == 0
     err = capfd.readouterr().err
-    assert [line for line in err.splitlines() if line.startswith("[progress] ")], err
+    progress = [line for line in err.splitlines() if line.startswith("[progress] ")]
+    assert progress, err
+    assert all(re.match(r"\[progress\] [01]/1 cells", line) for line in progress), progress  # no empty label first
     assert len(cell_lines(err)) == 1 and ": ok (" in cell_lines(err)[0]
     assert run_cli(*args, "--quiet") == 0
     err = capfd.readouterr().err

@@ -353,7 +353,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--all-figures", action="store_true", help="a column per figure of any run, not only "
                                                                    "the headline and accuracy")
     export.add_argument("--model")
-    export.add_argument("--scenario")
+    export.add_argument("--scenario", choices=SCENARIOS)
     export.add_argument("--backend")
     export.add_argument("--status", choices=("ok", "failed", "running"))
     export.add_argument("--mode")

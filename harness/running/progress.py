@@ -266,7 +266,7 @@ class Ticker:
             return
         if final:
             return  # a plain log gets the step's own closing line instead
-        self.stream.write(f"[progress] {self.label}: {self.text(snapshot, elapsed)}\n")
+        self.stream.write(f"[progress] {self.label + ': ' if self.label else ''}{self.text(snapshot, elapsed)}\n")
         self.stream.flush()
         self.lines += 1
 
