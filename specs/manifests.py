@@ -11,16 +11,13 @@ from typing import Any, Callable, Mapping
 from pydantic import ValidationError
 
 from mlharness.errors import UserError
-from mlharness.specs import schema
-from mlharness.specs.schema import (  # noqa: F401  (the names other modules read here)
-    CODE_REF,
-    DECODINGS,
-    DEVICE,
-    DIM_NAME,
-    ELEMENT_TYPES,
-    GENERATIVE_FRAMEWORKS,
-    SOURCE_ROLES,
-)
+from mlharness.specs import model_schema, schema, schema_parts
+
+# The schemas' constants, re-exported: this module is where other modules (and tests) read them.
+from mlharness.specs.model_schema import DECODINGS, GENERATIVE_FRAMEWORKS, SOURCE_ROLES  # noqa: F401
+from mlharness.specs.schema import DEVICE  # noqa: F401
+from mlharness.specs.schema_fields import CODE_REF, DIM_NAME  # noqa: F401
+from mlharness.specs.schema_parts import ELEMENT_TYPES  # noqa: F401
 from mlharness.specs.validation import (  # noqa: F401  (runtime registries register their names here)
     _NAME_SOURCES,
     NAME_OWNERS,
@@ -202,25 +199,25 @@ class ReferenceLog(Manifest):
     outputs: tuple[dict[str, Any], ...] = ()
 
 
-# -- from a validated document (mlharness.specs.schema) to the frozen manifest the runtime uses -----------------
+# -- from a validated document (mlharness.specs.schema and model_schema) to the frozen manifest the runtime uses -----------------
 
-def _artifact(doc: schema.Artifact) -> Artifact:
+def _artifact(doc: schema_parts.Artifact) -> Artifact:
     if doc.convert is not None:
         c = doc.convert
         return Artifact("", None, Conversion(c.source, c.to, c.opset, tuple(sorted(c.example_dims.items()))))
     return Artifact(doc.uri or "", doc.sha256)
 
 
-def _tensor(doc: schema.Tensor) -> TensorSpec:
+def _tensor(doc: schema_parts.Tensor) -> TensorSpec:
     return TensorSpec(doc.name, doc.type, doc.element_type, tuple(doc.shape), doc.layout)
 
 
-def _metric(doc: schema.Metric | None) -> dict[str, Any]:
+def _metric(doc: schema_parts.Metric | None) -> dict[str, Any]:
     return doc.model_dump() if doc is not None else {}  # a metric and its own options (no aliases)
 
 
-def build_model(doc: schema.ModelDoc, raw: dict, path: Path, sha: str) -> ModelManifest:
-    src = doc.sources or schema.Sources()
+def build_model(doc: model_schema.ModelDoc, raw: dict, path: Path, sha: str) -> ModelManifest:
+    src = doc.sources or model_schema.Sources()
     sources = {key: _artifact(art) for key, art in (("graph", src.graph), ("weights", src.weights),
                                                      ("torchscript", src.torchscript)) if art is not None}
     sources.update({key: _artifact(art) for key, art in src.files.items()})
