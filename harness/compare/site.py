@@ -41,56 +41,66 @@ def _short_time(stamp: str | None) -> str:
     return str(stamp or "-").replace("T", " ").removesuffix("+00:00")
 
 
+INDEX_COLUMNS = ("", "run", "started", "model", "backend", "scenario", "mode", "status", "system", "batch", "threads",
+                 "headline", "value", "LoadGen", "accuracy", "sweep", "figure")
+
+
+def _index_row(run: SiteRun) -> str:
+    """One run's row of the run list: its filter attributes, its figures for the figure column, and
+    a cell per column (sortable numbers carry data-v)."""
+    r = run.record
+    name, _ = r.headline()
+    headline = headline_shown(r)
+    accuracy = ", ".join(f"{k}={format_value(v)}" for k, v in sorted(r.accuracy_values.items()))
+    if r.accuracy_verdict:
+        accuracy += f" ({r.accuracy_verdict})"
+    sweep = (f"<a href='sweeps/{esc(slug(run.sweep_id))}.html'>{esc(run.sweep_id)}</a>" if run.sweep_id else "-")
+    attrs = {"model": r.model_name or "", "scenario": r.scenario or "", "system": r.system_name or "",
+             "status": r.status or "", "backend": r.backend or "", "mode": r.mode or ""}
+    data = " ".join(f"data-{k}='{esc(v)}'" for k, v in attrs.items())
+    cells = [f"<td><input type='checkbox' value='{esc(r.run_id)}' aria-label='compare {esc(r.run_id)}'></td>",
+             f"<td data-v='{esc(r.run_id)}'><a href='{esc(run.page)}'>{esc(r.run_id)}</a></td>",
+             f"<td>{esc(_short_time(r.started_at))}</td>", f"<td>{esc(r.model_name)}</td>", f"<td>{esc(r.backend)}</td>",
+             f"<td>{esc(r.scenario)}</td>", f"<td>{esc(r.mode)}</td>", f"<td>{status_badge(r.status)}</td>",
+             f"<td>{esc(r.system_name)}</td>",
+             f"<td class='n' data-v='{esc('' if r.batch_size is None else r.batch_size)}'>{esc(r.batch_size)}</td>",
+             f"<td class='n' data-v='{esc('' if r.threads is None else r.threads)}'>{esc(r.threads)}</td>",
+             f"<td>{esc(shown_name(name).partition('.')[2] if headline is not None else '-')}</td>",
+             f"<td class='n' data-v='{esc('' if headline is None else repr(headline))}'>{esc(headline)}</td>",
+             f"<td>{esc(r.loadgen_result)}</td>", f"<td>{esc(accuracy or '-')}</td>", f"<td>{sweep}</td>",
+             "<td class='n' data-v=''>-</td>"]
+    figures = esc(json.dumps(run.figures, sort_keys=True))
+    return f"<tr {data} data-figures='{figures}'>{''.join(cells)}</tr>"
+
+
+def _filter_select(name: str, label: str, values: Iterable[str]) -> str:
+    options = "".join(f"<option value='{esc(v)}'>{esc(v)}</option>" for v in sorted(set(values)) if v)
+    return f"<label>{esc(label)} <select data-filter='{name}'><option value=''>all</option>{options}</select></label>"
+
+
+def _index_controls(runs: list[SiteRun]) -> str:
+    """The run list's filters, search box, figure column picker (every figure any run has) and compare button."""
+    figure_names = sorted({n for run in runs for n in run.figures})
+    return ("<div class='controls'>"
+            + _filter_select("model", "model", (r.record.model_name or "" for r in runs))
+            + _filter_select("scenario", "scenario", (r.record.scenario or "" for r in runs))
+            + _filter_select("system", "system", (r.record.system_name or "" for r in runs))
+            + _filter_select("status", "status", (r.record.status or "" for r in runs))
+            + "<label>search <input id='search' type='search' placeholder='any text'></label>"
+            + "<label>figure column <select id='figure'><option value=''>none</option>"
+            + "".join(f"<option value='{esc(n)}' data-factor='{figure_unit(n)[1]!r}'>{esc(shown_name(n))}</option>"
+                      for n in figure_names)
+            + "</select></label><button id='compare' type='button'>compare ticked runs</button>"
+              "<span id='compare-note' class='note'></span><span id='count' class='note'></span></div>")
+
+
 def _index_page(root: Path, site: Site, sweeps: list[Any], has_bricks: bool) -> None:
     runs = site.runs
-    columns = ("", "run", "started", "model", "backend", "scenario", "mode", "status", "system", "batch", "threads",
-               "headline", "value", "LoadGen", "accuracy", "sweep", "figure")
-    rows = []
-    for run in runs:
-        r = run.record
-        name, _ = r.headline()
-        headline = headline_shown(r)
-        accuracy = ", ".join(f"{k}={format_value(v)}" for k, v in sorted(r.accuracy_values.items()))
-        if r.accuracy_verdict:
-            accuracy += f" ({r.accuracy_verdict})"
-        sweep = (f"<a href='sweeps/{esc(slug(run.sweep_id))}.html'>{esc(run.sweep_id)}</a>" if run.sweep_id else "-")
-        attrs = {"model": r.model_name or "", "scenario": r.scenario or "", "system": r.system_name or "",
-                 "status": r.status or "", "backend": r.backend or "", "mode": r.mode or ""}
-        data = " ".join(f"data-{k}='{esc(v)}'" for k, v in attrs.items())
-        cells = [f"<td><input type='checkbox' value='{esc(r.run_id)}' aria-label='compare {esc(r.run_id)}'></td>",
-                 f"<td data-v='{esc(r.run_id)}'><a href='{esc(run.page)}'>{esc(r.run_id)}</a></td>",
-                 f"<td>{esc(_short_time(r.started_at))}</td>", f"<td>{esc(r.model_name)}</td>", f"<td>{esc(r.backend)}</td>",
-                 f"<td>{esc(r.scenario)}</td>", f"<td>{esc(r.mode)}</td>", f"<td>{status_badge(r.status)}</td>",
-                 f"<td>{esc(r.system_name)}</td>",
-                 f"<td class='n' data-v='{esc('' if r.batch_size is None else r.batch_size)}'>{esc(r.batch_size)}</td>",
-                 f"<td class='n' data-v='{esc('' if r.threads is None else r.threads)}'>{esc(r.threads)}</td>",
-                 f"<td>{esc(shown_name(name).partition('.')[2] if headline is not None else '-')}</td>",
-                 f"<td class='n' data-v='{esc('' if headline is None else repr(headline))}'>{esc(headline)}</td>",
-                 f"<td>{esc(r.loadgen_result)}</td>", f"<td>{esc(accuracy or '-')}</td>", f"<td>{sweep}</td>",
-                 "<td class='n' data-v=''>-</td>"]
-        figures = esc(json.dumps(run.figures, sort_keys=True))
-        rows.append(f"<tr {data} data-figures='{figures}'>{''.join(cells)}</tr>")
+    rows = [_index_row(run) for run in runs]
     head = "".join(f"<th data-col='{i}'" + (" id='figure-head'" if c == "figure" else "") + f">{esc(c)}</th>"
-                   if c else "<th>compare</th>" for i, c in enumerate(columns))
-
-    def select(name: str, label: str, values: Iterable[str]) -> str:
-        options = "".join(f"<option value='{esc(v)}'>{esc(v)}</option>" for v in sorted(set(values)) if v)
-        return f"<label>{esc(label)} <select data-filter='{name}'><option value=''>all</option>{options}</select></label>"
-
-    figure_names = sorted({n for run in runs for n in run.figures})
-    controls = ("<div class='controls'>"
-                + select("model", "model", (r.record.model_name or "" for r in runs))
-                + select("scenario", "scenario", (r.record.scenario or "" for r in runs))
-                + select("system", "system", (r.record.system_name or "" for r in runs))
-                + select("status", "status", (r.record.status or "" for r in runs))
-                + "<label>search <input id='search' type='search' placeholder='any text'></label>"
-                + "<label>figure column <select id='figure'><option value=''>none</option>"
-                + "".join(f"<option value='{esc(n)}' data-factor='{figure_unit(n)[1]!r}'>{esc(shown_name(n))}</option>"
-                          for n in figure_names)
-                + "</select></label><button id='compare' type='button'>compare ticked runs</button>"
-                  "<span id='compare-note' class='note'></span><span id='count' class='note'></span></div>")
+                   if c else "<th>compare</th>" for i, c in enumerate(INDEX_COLUMNS))
     body = [f"<p class='note'>{len(runs)} runs in the results database. Click a column heading to sort by it "
-            "(again to reverse); pick a figure to show and sort by any figure a run has.</p>", controls,
+            "(again to reverse); pick a figure to show and sort by any figure a run has.</p>", _index_controls(runs),
             f"<table id='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"]
     if site.skipped:
         body.append("<h2>Records left out</h2><ul>" + "".join(f"<li>{esc(s)}</li>" for s in site.skipped) + "</ul>")

@@ -76,10 +76,13 @@ def _ticker():  # noqa: ANN202 - matplotlib.ticker, loaded with pyplot
     return matplotlib.ticker
 
 
-def sweep_heatmaps(rows: list[dict[str, Any]], sweep_id: str) -> list[Plot]:
-    """Per scenario, model, backend and other settings: the median headline figure of each cell on a
-    max_batch_size x intra_op_threads grid (failed cells marked)."""
-    groups: dict[tuple, dict[tuple[str, str], dict[str, Any]]] = {}
+HeatCells = dict[tuple[str, str], dict[str, Any]]  # (batch, threads) -> {"values", "failed", "metric"}
+
+
+def _heat_groups(rows: list[dict[str, Any]]) -> dict[tuple, HeatCells]:
+    """A sweep's rows by (scenario, model, backend, other settings), then by (max_batch_size,
+    intra_op_threads) cell: each cell's headline values over its ok runs and how many runs failed."""
+    groups: dict[tuple, HeatCells] = {}
     for row in rows:
         cell, record = row["cell"], row["record"]
         other = " ".join([f"{k}={v}" for k, v in cell.manifests().items()]
@@ -94,52 +97,77 @@ def sweep_heatmaps(rows: list[dict[str, Any]], sweep_id: str) -> list[Plot]:
         else:
             entry["values"].append(value)
             entry["metric"] = name
+    return groups
+
+
+def _axis_order(value: str) -> tuple:
+    """Sizes in numeric order, then names such as 'default'."""
+    return (0, int(value), "") if value.isdigit() else (1, 0, value)
+
+
+def _heat_grid(cells: HeatCells, metric: str) -> tuple[list[str], list[str], list[list[float]], list[list[str]]]:
+    """(batch sizes, thread counts, each cell's median in the figure's unit (nan: no ok run), each
+    cell's text)."""
+    batches = sorted({b for b, _ in cells}, key=_axis_order)
+    threads = sorted({t for _, t in cells}, key=_axis_order)
+    grid = [[math.nan] * len(threads) for _ in batches]
+    notes = [[""] * len(threads) for _ in batches]
+    for (b, t), c in cells.items():
+        i, j = batches.index(b), threads.index(t)
+        if c["values"]:
+            grid[i][j] = _heat_value(metric, statistics.median(c["values"]))
+            notes[i][j] = _cell_text(grid[i][j]) + (f"\n({len(c['values'])} runs)" if len(c["values"]) > 1 else "")
+        else:
+            notes[i][j] = "failed"
+    return batches, threads, grid, notes
+
+
+def _draw_heat_grid(batches: list[str], threads: list[str], grid: list[list[float]], notes: list[list[str]],
+                    higher: bool) -> tuple[Any, Any, Any]:
+    """(figure, axes, image) of the grid, each cell's text in a colour that reads on its shade (failed: red)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.6 * len(threads) + 3.2, 0.9 * len(batches) + 2.2))
+    image = ax.imshow(grid, cmap="viridis" if higher else "viridis_r", aspect="auto")
+    ax.set_xticks(range(len(threads)), threads)
+    ax.set_yticks(range(len(batches)), batches)
+    ax.set_xlabel("intra_op_threads (threads per session; 0 = framework default)")
+    ax.set_ylabel("max_batch_size (samples)")
+    finite = [v for line in grid for v in line if not math.isnan(v)]
+    middle = (min(finite) + max(finite)) / 2 if finite else 0
+    for i in range(len(batches)):
+        for j in range(len(threads)):
+            value = grid[i][j]
+            light = not math.isnan(value) and ((value < middle) == higher)
+            ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=9,
+                    color="white" if light else ("#b3261e" if math.isnan(value) else "black"))
+    return fig, ax, image
+
+
+def _heatmap(index: int, group: tuple, cells: HeatCells, metric: str, sweep_id: str) -> Plot:
+    """One group's heat map of its median `metric`, with a colour bar in the figure's unit."""
+    scenario, model, backend, other = group
+    batches, threads, grid, notes = _heat_grid(cells, metric)
+    unit, _ = figure_unit(metric)
+    higher = record_metrics.higher_is_better(metric)
+    fig, ax, image = _draw_heat_grid(batches, threads, grid, notes, higher)
+    key = metric.partition(".")[2]
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label(f"{key} ({unit})" if unit else key)
+    bar.ax.yaxis.set_major_formatter(_ticker().FuncFormatter(lambda v, _pos: _cell_text(v)))
+    ax.set_title(f"{scenario} {model}/{backend}: median {key}" + (f"\n{other}" if other else ""), fontsize=10)
+    better = "brighter is better" + ("" if higher else " (lower latency)")
+    return Plot(f"heatmap-{index}-{slug(scenario)}-{slug(model)}.png",
+                f"{scenario} {model}/{backend}: {key} by batch size and threads",
+                f"Median {key} ({unit}) over each cell's ok runs of sweep {sweep_id}; {better}.", _png(fig))
+
+
+def sweep_heatmaps(rows: list[dict[str, Any]], sweep_id: str) -> list[Plot]:
+    """Per scenario, model, backend and other settings: the median headline figure of each cell on a
+    max_batch_size x intra_op_threads grid (failed cells marked). A group of one cell, or with no
+    headline figure at all, has none; its index is still counted, so file names stay put."""
     plots = []
-    for index, ((scenario, model, backend, other), cells) in enumerate(sorted(groups.items())):
-        if len(cells) < 2:
-            continue
+    for index, (group, cells) in enumerate(sorted(_heat_groups(rows).items())):
         metric = next((c["metric"] for c in cells.values() if "metric" in c), None)
-        if metric is None:
-            continue
-
-        def order(v: str) -> tuple:
-            return (0, int(v), "") if v.isdigit() else (1, 0, v)
-
-        batches = sorted({b for b, _ in cells}, key=order)
-        threads = sorted({t for _, t in cells}, key=order)
-        grid = [[math.nan] * len(threads) for _ in batches]
-        notes = [[""] * len(threads) for _ in batches]
-        for (b, t), c in cells.items():
-            i, j = batches.index(b), threads.index(t)
-            if c["values"]:
-                grid[i][j] = _heat_value(metric, statistics.median(c["values"]))
-                notes[i][j] = _cell_text(grid[i][j]) + (f"\n({len(c['values'])} runs)" if len(c["values"]) > 1 else "")
-            else:
-                notes[i][j] = "failed"
-        unit, _ = figure_unit(metric)
-        higher = record_metrics.higher_is_better(metric)
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(1.6 * len(threads) + 3.2, 0.9 * len(batches) + 2.2))
-        image = ax.imshow(grid, cmap="viridis" if higher else "viridis_r", aspect="auto")
-        ax.set_xticks(range(len(threads)), threads)
-        ax.set_yticks(range(len(batches)), batches)
-        ax.set_xlabel("intra_op_threads (threads per session; 0 = framework default)")
-        ax.set_ylabel("max_batch_size (samples)")
-        finite = [v for line in grid for v in line if not math.isnan(v)]
-        middle = (min(finite) + max(finite)) / 2 if finite else 0
-        for i in range(len(batches)):
-            for j in range(len(threads)):
-                value = grid[i][j]
-                light = not math.isnan(value) and ((value < middle) == higher)
-                ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=9,
-                        color="white" if light else ("#b3261e" if math.isnan(value) else "black"))
-        key = metric.partition(".")[2]
-        bar = fig.colorbar(image, ax=ax)
-        bar.set_label(f"{key} ({unit})" if unit else key)
-        bar.ax.yaxis.set_major_formatter(_ticker().FuncFormatter(lambda v, _pos: _cell_text(v)))
-        ax.set_title(f"{scenario} {model}/{backend}: median {key}" + (f"\n{other}" if other else ""), fontsize=10)
-        better = "brighter is better" + ("" if higher else " (lower latency)")
-        plots.append(Plot(f"heatmap-{index}-{slug(scenario)}-{slug(model)}.png",
-                          f"{scenario} {model}/{backend}: {key} by batch size and threads",
-                          f"Median {key} ({unit}) over each cell's ok runs of sweep {sweep_id}; {better}.", _png(fig)))
+        if len(cells) >= 2 and metric is not None:
+            plots.append(_heatmap(index, group, cells, metric, sweep_id))
     return plots
