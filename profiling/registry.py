@@ -7,7 +7,7 @@ import importlib
 from typing import Any
 
 from mlharness.errors import UserError
-from mlharness.specs import manifests
+from mlharness.specs import plugins
 
 ENTRY_POINT_GROUP = "mlharness.tracers"
 
@@ -26,7 +26,7 @@ def register(level: str, tracer: Any) -> None:
     _TRACERS[level] = tracer
 
 
-_plugins = manifests.PluginEntryPoints(ENTRY_POINT_GROUP, _TRACERS)  # read at first use, loaded when used
+_plugins = plugins.PluginEntryPoints(ENTRY_POINT_GROUP, _TRACERS)  # read at first use, loaded when used
 
 
 def levels() -> list[str]:
@@ -39,7 +39,7 @@ def tracer_class(level: str) -> type:
 
     if level not in _TRACERS and level in _plugins():
         ep = _plugins()[level]
-        tracer = manifests.load_entry_point(ep)
+        tracer = plugins.load_entry_point(ep)
         if not (isinstance(tracer, type) and issubclass(tracer, Tracer) and tracer.level == level):
             raise UserError(f"entry point {ep.group}:{level} = {ep.value}: expected a Tracer subclass with "
                             f"level = {level!r}, got {tracer!r}")

@@ -3,18 +3,18 @@ validated on load, and carries the sha256 of its file so that every result names
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from mlharness.errors import UserError
 from mlharness.specs import model_schema, schema, schema_parts
 
-# The schemas' constants, re-exported: this module is where other modules (and tests) read them.
+# Re-exported: other modules (and tests) read these here: the schemas' constants, the plugin entry
+# points every registry keeps (mlharness.specs.plugins), the names the runtime's registries register.
 from mlharness.specs.model_schema import DECODINGS, GENERATIVE_FRAMEWORKS, SOURCE_ROLES  # noqa: F401
+from mlharness.specs.plugins import PluginEntryPoints, entry_points, load_entry_point  # noqa: F401
 from mlharness.specs.schema import DEVICE  # noqa: F401
 from mlharness.specs.schema_fields import CODE_REF, DIM_NAME  # noqa: F401
 from mlharness.specs.schema_parts import ELEMENT_TYPES  # noqa: F401
@@ -28,40 +28,6 @@ from mlharness.specs.validation import (  # noqa: F401  (runtime registries regi
     problems_from,
     register_names,
 )
-
-
-# -- entry points (third-party backends, metrics, tracers, in the manner of pyperf's hooks) --------
-
-def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
-    """The installed distributions' entry points of `group` by name; nothing is imported."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
-
-
-class PluginEntryPoints:
-    """A registry's entry points: read at first call (nothing imported), without the names the
-    registry has built in; each registry (backends, metrics, tracers) keeps one."""
-
-    def __init__(self, group: str, builtin: Mapping[str, Any]):
-        self.group = group
-        self._builtin = builtin
-        self._found: dict[str, importlib.metadata.EntryPoint] | None = None
-
-    def __call__(self) -> dict[str, importlib.metadata.EntryPoint]:
-        if self._found is None:
-            self._found = {name: ep for name, ep in entry_points(self.group).items() if name not in self._builtin}
-        return self._found
-
-
-def load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:
-    """The object an entry point names; a plugin that cannot load is a one-line UserError naming it."""
-    dist = getattr(ep, "dist", None)
-    owner = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
-    try:
-        return ep.load()
-    except Exception as exc:  # an import error or any error raised while importing the plugin
-        detail = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserError(f"entry point {ep.group}:{ep.name} = {ep.value} (from {owner}) cannot be loaded: "
-                        f"{type(exc).__name__}: {detail}") from None
 
 
 @dataclass(frozen=True)
