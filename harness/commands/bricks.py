@@ -5,7 +5,8 @@ import argparse
 import shlex
 
 from mlharness.errors import UserError
-from mlharness.running.request import RunRequest, add_request_arguments, request_fields
+from mlharness.running.arguments import add_request_arguments, request_fields
+from mlharness.running.request import RunRequest
 
 
 def cmd_bricks(args: argparse.Namespace) -> int:

@@ -6,21 +6,26 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from mlharness.running.request import add_request_arguments, request_from_args
-from mlharness.running.settings import MODES, SCENARIOS
+from mlharness.running.arguments import add_request_arguments, request_from_args
+from mlharness.running.request import RunRequest
+
+
+def request_of(args: argparse.Namespace) -> RunRequest:
+    """The request `mlharness run` makes of its parsed arguments (checked before the run: a typo
+    must not cost a long run)."""
+    tests: list[str] = []
+    if getattr(args, "compliance", None):
+        from mlharness.submission.compliance import parse_tests
+
+        tests = parse_tests(args.compliance)
+    return request_from_args(args, model=args.model, profile=_profile_levels(args.profile), compliance=tests,
+                             command=_as_typed(args))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mlharness import run
 
-    tests: list[str] = []
-    if getattr(args, "compliance", None):
-        from mlharness.submission.compliance import parse_tests
-
-        tests = parse_tests(args.compliance)  # before the run: a typo must not cost a long run
-    request = request_from_args(
-        args, model=args.model, scenario=args.scenario, mode=args.mode, profile=_profile_levels(args.profile),
-        compliance=tests, command=_as_typed(args))
+    request = request_of(args)
     tests = list(request.compliance)
     record = run(request)
     print(format_summary(record))
@@ -130,12 +135,6 @@ def _duration(seconds: float) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a model under LoadGen in one scenario and mode")
     run.add_argument("model", help="model manifest name (under specs/models) or path")
-    run.add_argument("--scenario", required=True, choices=SCENARIOS)
-    run.add_argument("--mode", default="performance", choices=MODES)
-    add_request_arguments(run)
-    run.add_argument("--profile", metavar="LEVELS",
-                     help="profile the test: a comma list of harness,model,framework,python,system, or full")
-    run.add_argument("--compliance", metavar="TESTS",
-                     help="after the run, run these audits (TEST01,TEST04) into <Scenario>/TEST0x/")
+    add_request_arguments(run)  # every run-request flag (mlharness.running.arguments)
     run.set_defaults(func=cmd_run)
 

@@ -5,13 +5,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlharness.running.request import REQUEST_FLAGS, add_request_arguments, request_fields
+from mlharness.running.arguments import FLAGS, add_request_arguments, request_fields
 from mlharness.running.settings import SCENARIOS
 
 # The run-request flags a submission session takes (its runs' timeout, software and reference are its own).
 SESSION_FLAGS = ("--results-dir", "--backend", "--dataset", "--hardware", "--user-conf", "--set", "--preset", "--quick",
                  "--quiet")
-SESSION_REQUEST_FIELDS = tuple(REQUEST_FLAGS[flag][0] for flag in SESSION_FLAGS)
+SESSION_REQUEST_FIELDS = tuple(FLAGS[flag].field for flag in SESSION_FLAGS)
 
 
 def _split(values: list[str] | None) -> list[str]:

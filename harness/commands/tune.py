@@ -6,7 +6,8 @@ import argparse
 import shlex
 
 from mlharness.errors import UserError
-from mlharness.running.request import RunRequest, add_request_arguments, request_fields
+from mlharness.running.arguments import add_request_arguments, request_fields
+from mlharness.running.request import RunRequest
 from mlharness.tables import format_table
 
 # The trial runs' length: short, but long enough for a stable figure (--set overrides either).
@@ -28,9 +29,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     fields = request_fields(args)
     trial = (f"min_duration={int(args.trial_seconds * 1000)}", *TRIAL_SETTINGS.get(args.scenario, ()))
     argv = getattr(args, "argv", None) or []
-    base = RunRequest(model=args.model, scenario=args.scenario, mode="performance", use_tuned=False,
-                      **(fields | {"overrides": [*trial, *fields.get("overrides", [])]}),
-                      command=shlex.join(["mlharness", *argv]) if argv[:1] == ["tune"] else "")
+    base = RunRequest(**(fields | {"model": args.model, "scenario": args.scenario, "mode": "performance",
+                                   "use_tuned": False, "overrides": [*trial, *fields.get("overrides", [])],
+                                   "command": shlex.join(["mlharness", *argv]) if argv[:1] == ["tune"] else ""}))
     found = tune(base, repeats=args.repeats)
     rows = [(i, settings_text(t["settings"]) or "defaults", t["value"], trial_status(t), t["run_id"])
             for i, t in enumerate(found["trials"], 1)]

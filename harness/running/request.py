@@ -1,12 +1,12 @@
 """RunRequest: everything that decides one run, frozen and validated when built. Its JSON form
-(`to_json`/`from_json`) is the only form that crosses a process boundary (see mlharness.running.launcher)."""
+(`to_json`/`from_json`) is the only form that crosses a process boundary (see mlharness.running.launcher);
+its command-line form is mlharness.running.arguments."""
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from mlharness.errors import UserError
 from mlharness.running.settings import MODES, SCENARIOS
@@ -129,67 +129,3 @@ class RunRequest:
         known = {f.name for f in fields(cls)}
         data: dict[str, Any] = {k: v for k, v in envelope["request"].items() if k in known}
         return cls(**data)
-
-
-# ---- the run-request flags, declared once: `mlharness run` takes them all, `mlharness submission run`
-# the ones that apply to a submission; `request_fields` turns parsed flags into RunRequest fields.
-
-# flag -> (RunRequest field, argparse keyword arguments). Order is the order of `--help`.
-REQUEST_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--dataset": ("dataset", {"help": "dataset manifest name or path (default: the model's)"}),
-    "--backend": ("backend", {"help": "backend name (default: the model manifest's framework)"}),
-    "--software": ("software", {"help": "software manifest (default: the one named after the backend)"}),
-    "--hardware": ("hardware", {"default": "cpu", "help": "hardware manifest (default: cpu)"}),
-    "--reference": ("reference", {"help": "reference log to compare with (default: found by model/dataset/backend)"}),
-    "--endpoint": ("endpoint", {"metavar": "URL", "help": "benchmark the model served at URL instead of running it here: "
-                                                      "grpc://HOST:PORT or http://HOST:PORT (the Open Inference "
-                                                      "Protocol), openai+http://HOST:PORT/v1 (an OpenAI-compatible "
-                                                      "LLM server; docs/network.md)"}),
-    "--quick": ("quick", {"action": "store_true", "help": "short smoke-run preset (scenarios/quick.yaml)"}),
-    "--preset": ("presets", {"action": "append", "help": "extra scenario preset from scenarios/ (repeatable)"}),
-    "--user-conf": ("user_conf", {"help": "LoadGen user.conf (model.Scenario.key = value)"}),
-    "--results-dir": ("results_dir", {"default": "results", "help": "results tree root (default: results)"}),
-    "--set": ("overrides", {"action": "append", "metavar": "KEY=VALUE", "help": "override a setting (repeatable)"}),
-    "--no-tuned": ("use_tuned", {"action": "store_false", "dest": "use_tuned",
-                                 "help": "ignore the configuration `mlharness tune` stored for this model and system"}),
-    "--quiet": ("quiet", {"action": "store_true", "help": "no progress display (the plan and live progress on stderr)"}),
-    "--timeout": ("timeout", {"type": float, "default": DEFAULT_RUN_TIMEOUT, "metavar": "SECONDS",
-                              "help": f"stop and fail the run after this many seconds (default {DEFAULT_RUN_TIMEOUT:g})"}),
-}
-
-
-def add_request_arguments(parser: argparse.ArgumentParser, flags: Iterable[str] | None = None,
-                          help_text: dict[str, str] | None = None) -> None:
-    """Add the run-request flags (all, or those named in `flags`); `help_text` replaces a flag's help
-    where a command means something more specific by it."""
-    chosen = list(REQUEST_FLAGS) if flags is None else list(flags)
-    unknown = [flag for flag in chosen if flag not in REQUEST_FLAGS]
-    if unknown:
-        raise ValueError(f"not run-request flags: {', '.join(unknown)}")
-    for flag in chosen:
-        kwargs = dict(REQUEST_FLAGS[flag][1])
-        if help_text and flag in help_text:
-            kwargs["help"] = help_text[flag]
-        parser.add_argument(flag, **kwargs)
-
-
-def request_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The RunRequest fields set by whichever run-request flags this parser declared."""
-    fields: dict[str, Any] = {}
-    for flag, (field, kwargs) in REQUEST_FLAGS.items():
-        dest = kwargs.get("dest") or flag.lstrip("-").replace("-", "_")
-        if not hasattr(args, dest):
-            continue
-        value = getattr(args, dest)
-        if field in ("presets", "overrides"):
-            value = list(value or [])
-        elif field in ("user_conf", "results_dir"):
-            value = Path(value) if value else None
-        fields[field] = value
-    return fields
-
-
-def request_from_args(args: argparse.Namespace, **fixed: Any) -> "RunRequest":
-    """A RunRequest from the parsed run-request flags plus what the command decides itself
-    (model, scenario, mode, profile, command); validated when built."""
-    return RunRequest(**(request_fields(args) | fixed))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import time
 import traceback
 from dataclasses import replace
@@ -16,6 +15,7 @@ from mlharness.records.loadgen_logs import detail_problems, parse_summary
 from mlharness.records.run_record import RunRecord, new_run_id, utc_now
 from mlharness.running import accuracy as accuracy_mod
 from mlharness.running import system as system_mod
+from mlharness.running.arguments import command_line
 from mlharness.running.loadgen_test import run_loadgen
 from mlharness.running.request import DEFAULT_RESULTS_DIR, RunRequest
 from mlharness.running.resolve import (
@@ -113,7 +113,7 @@ def _new_record(request: RunRequest, run_id: str, model: Any, dataset: Any, back
                 reference: ReferenceLog | None, where: results.ScenarioDir) -> RunRecord:
     """The run's record as it starts: what runs, where, with which settings."""
     return RunRecord(
-        run_id=run_id, command=request.command or _command_line(request), model=model.identity(),
+        run_id=run_id, command=request.command or command_line(request), model=model.identity(),
         dataset=dataset.identity(), backend=backend_name, scenario=request.scenario, mode=request.mode,
         system_name=system_name, system=detected,
         software={"manifest": software.identity(), "checked": installed, "versions": system_mod.software_versions()},
@@ -210,31 +210,6 @@ def wait_for_abort() -> None:
     """The guard's abort is writing the failed run and will end this process; wait for it."""
     while True:
         time.sleep(60)
-
-
-def run_arguments(request: RunRequest, with_results_dir: bool = False) -> list[str]:
-    """The `mlharness` arguments that repeat this request (README.md and re-runs use them)."""
-    parts = ["run", request.model, "--scenario", request.scenario, "--mode", request.mode]
-    for flag, value in (("--dataset", request.dataset), ("--backend", request.backend),
-                        ("--software", request.software), ("--user-conf", request.user_conf),
-                        ("--endpoint", request.endpoint)):
-        if value:
-            parts += [flag, str(value)]
-    if request.hardware != "cpu":
-        parts += ["--hardware", request.hardware]
-    if request.quick:
-        parts.append("--quick")
-    for preset in request.presets:
-        parts += ["--preset", preset]
-    for item in request.overrides:
-        parts += ["--set", item]
-    if with_results_dir:
-        parts += ["--results-dir", str(request.results_dir)]
-    return parts
-
-
-def _command_line(request: RunRequest) -> str:
-    return shlex.join(["mlharness", *run_arguments(request)])
 
 
 def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,

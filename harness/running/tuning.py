@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from mlharness.errors import UserError
 from mlharness.records.run_record import new_run_id, utc_now
+from mlharness.running.arguments import command_line
 from mlharness.running.request import RunRequest
 from mlharness.running.tuned import TUNABLE_SCENARIOS, tuning_key
 
@@ -130,6 +131,13 @@ def starting_settings(model: Any, backend: str, scenario: str) -> dict[str, Any]
     return start
 
 
+def trial_request(base: RunRequest, overrides: list[str]) -> RunRequest:
+    """A trial's run: the base request with the trial's settings, recording the `mlharness run` command
+    that repeats it (not the tune command that started it)."""
+    request = replace(base, overrides=(*base.overrides, *overrides))
+    return replace(request, command=command_line(request))
+
+
 def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                run_trial: Callable[[RunRequest], Any], say: Callable[[str], None] = print,
                repeats: int = 1) -> Search:
@@ -152,7 +160,7 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
         attempts: list[Trial] = []
         for _ in range(max(1, runs)):
             try:
-                record = run_trial(replace(base, overrides=(*base.overrides, *overrides)))
+                record = run_trial(trial_request(base, overrides))
             except UserError as exc:
                 attempt = Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
                                 str(exc).splitlines()[0])  # whole: a cut would lose the end of a long path

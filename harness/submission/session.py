@@ -190,10 +190,10 @@ def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: P
     if step in ("performance", "accuracy"):
         from mlharness.commands.run import format_summary
         from mlharness.running.launcher import run_request
-        from mlharness.running.runner import run_arguments
+        from mlharness.running.arguments import run_arguments
 
         request = replace(_request(options, scenario, ""), mode=step)
-        request = replace(request, command=shlex.join(["mlharness", *run_arguments(request, with_results_dir=True)]))
+        request = replace(request, command=shlex.join(["mlharness", *run_arguments(request, complete=True)]))
         record = run_request(request)  # a fresh process; a failed run raises with its one line
         data = record.to_dict()
         _save_record(scenario_dir, step, data)
