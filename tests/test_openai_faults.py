@@ -62,6 +62,15 @@ class FaultPlan:
         self.fault, self.posts = fault, 0
         self.models = LISTED.get(fault, [MODEL])
         self.busy_at: float | None = None  # when the last busy answer went out
+        # Requests so far on each connection, by its transport: held, so that no later connection takes the
+        # key (an id or the client's port can come back once a connection has closed).
+        self.on_connection: dict[Any, int] = {}
+
+    def seen_on_connection(self, request: Any) -> int:
+        """The number of `request` among its connection's requests (1: the connection is fresh)."""
+        transport = request.transport
+        self.on_connection[transport] = self.on_connection.get(transport, 0) + 1
+        return self.on_connection[transport]
 
     def faulty(self) -> int | None:
         """The number of this POST among LoadGen's when it gets the fault, else None."""
@@ -71,6 +80,8 @@ class FaultPlan:
             return None
         if self.fault.startswith("busy-"):
             hit = self.fault.endswith("-forever") or measured <= BUSY_TIMES
+        elif self.fault.startswith("close-"):  # every one of LoadGen's POSTs (close-reused: on a reused connection)
+            hit = True
         else:
             hit = measured % FAULTY_EVERY == 0
         if not hit:
@@ -143,6 +154,7 @@ def make_app(plan: FaultPlan) -> Any:
     from aiohttp import web  # only the fake server's process needs it (the tests' module imports stay quick)
 
     async def models(request: web.Request) -> web.StreamResponse:
+        plan.seen_on_connection(request)
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake"}
                                                              for name in plan.models]})
 
@@ -154,8 +166,19 @@ def make_app(plan: FaultPlan) -> Any:
         if plan.busy_at is not None:
             say(f"next request {time.monotonic() - plan.busy_at:.3f} s after the busy answer")
             plan.busy_at = None
+        reused = plan.seen_on_connection(request) > 1
         measured = plan.faulty()
         kind = "good" if measured is None else plan.fault
+        if (kind == "close-reused" and reused) or (kind == "close-fresh" and not reused):
+            # The connection ends before any byte of an answer, as when a server closes an idle
+            # keep-alive connection just as the client sends on it.
+            say(f"closed the connection ({'reused' if reused else 'fresh'}) on request {measured}")
+            # No byte more: the end of the stream (FIN) now, then the socket dropped without aiohttp's 500.
+            request.transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
+            request.transport.abort()
+            raise asyncio.CancelledError
+        if kind.startswith("close-"):
+            kind = "good"
         if kind.startswith("busy-"):  # busy-STATUS[-after][-forever]
             status = int(kind.split("-")[1])
             plan.busy_at = time.monotonic()
@@ -171,6 +194,11 @@ def make_app(plan: FaultPlan) -> Any:
                                                    "message": {"role": "assistant", "content": "positive"}}]})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        if plan.fault.startswith("close-"):
+            # The answer and the body's end in one write: the client reads the end with [DONE], so the
+            # connection goes back to its pool to be reused (as a short answer from a real server does).
+            await response.write_eof(b"".join(stream_of(kind, usage, 4)))  # type: ignore[arg-type]
+            return response
         for piece in stream_of(kind, usage, int(body.get("max_tokens") or 4)):
             if piece is SILENCE:
                 say(f"silent on request {measured}")
@@ -419,6 +447,35 @@ def test_a_server_busy_past_the_retries_fails_the_run_naming_the_status(tmp_path
     assert f"POST /chat/completions: {says}" in line, line
     assert request["retries"] == ENDPOINT_RETRIES, request
     assert fake.served(f"fake-openai: {fault} on request ") == 1 + ENDPOINT_RETRIES  # then no request more
+
+
+# ---- a connection closed before any answer -----------------------------------------------------------------
+
+def test_a_reused_connection_closed_before_any_answer_is_sent_again_and_counted(tmp_path: Path) -> None:
+    """A server that closes a kept-alive connection as a request arrives on it (an idle-timeout race):
+    the request goes out once more on a fresh connection, the run is ok and the retries counted."""
+    results = tmp_path / "results"
+    with fake_openai("close-reused") as fake:
+        code, err = run_against(results, fake.endpoint, *ONE_AT_A_TIME)
+    assert code == 0, err
+    closed = fake.served("fake-openai: closed the connection (reused)")
+    assert closed >= 1 and not fake.served("(fresh)"), "".join(fake.log)[-2000:]
+    record = newest_record(results)
+    requests = requests_sent(Path(record["results_path"]))
+    assert all(r["status"] == "ok" for r in requests)
+    assert sum(r["retries"] for r in requests) == record["performance"]["retries"] == closed
+
+
+def test_a_fresh_connection_closed_before_any_answer_fails_the_run_not_sent_again(tmp_path: Path) -> None:
+    """Sent again only from a reused connection: a fresh one that ends unanswered is the server's fault.
+    Offline sends the prompts at once, so most go out on fresh connections, which the server closes."""
+    with fake_openai("close-fresh") as fake:
+        code, err = run_against(tmp_path / "results", fake.endpoint)
+    line, _ = assert_failed_in_loadgen(code, err, fake.endpoint)
+    assert "POST /chat/completions: ServerDisconnectedError" in line, line
+    failed = [r for r in requests_sent(kept_folder(line)) if r["status"] != "ok"]
+    assert fake.served("(fresh)") >= 1 and not fake.served("(reused)"), "".join(fake.log)[-2000:]
+    assert all(r["retries"] == 0 for r in failed), failed[:3]
 
 
 # ---- the two token counts ----------------------------------------------------------------------------------

@@ -213,12 +213,15 @@ class NetworkSUT(FirstFailure):
 
     def figures(self) -> dict[str, Any]:
         """Issue lag (ms) split into the slot wait and the client's own delay, the server's own timings
-        (us, where it reports them), failures, and whether the client fell behind."""
+        (us, where it reports them), failures, requests sent again, and whether the client fell behind."""
         own = [lag - wait for lag, wait in zip(self._issue_lag, self._slot_wait)]
         client = _percentiles(own)
         fell_behind = self.judge_lag and bool(client) and client["p99"] > self.issue_lag_limit_ms
         server = {key: _percentiles(values, 1.0) for key, values in self._server.items() if values}
+        # The tensor client's requests sent again on a fresh connection (token mode counts them per request).
+        resent = getattr(self.connection.client, "counters", None)
         return {"requests": self._requests, "failed_samples": self.failed_samples, "unsent_samples": self.unsent_samples,
+                **({"retries": resent.get("retries", 0)} if resent is not None else {}),
                 "issue_lag_ms": _percentiles(self._issue_lag), "slot_wait_ms": _percentiles(self._slot_wait),
                 "client_lag_ms": client, "issue_lag_limit_ms": self.issue_lag_limit_ms,
                 "client_fell_behind": fell_behind, "server_timings": server}

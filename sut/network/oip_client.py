@@ -14,6 +14,7 @@ from urllib.parse import quote
 import numpy as np
 
 from mlharness.specs.endpoint import Endpoint
+from mlharness.sut.network.http_session import client_session, send
 from mlharness.sut.network.tensors import TensorError, as_contiguous, datatype_of, from_bytes, from_list
 
 # Timings mlharness serve puts in each response's parameters (microseconds), read back per request.
@@ -54,14 +55,13 @@ class HttpClient:
         self.endpoint, self.binary = endpoint, binary
         self._base = f"{'https' if endpoint.tls else 'http'}://{endpoint.authority}{endpoint.path}"
         self._aiohttp = aiohttp
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=timeout_s), raise_for_status=False)
+        self._session = client_session(connections, aiohttp.ClientTimeout(total=timeout_s))
+        self.counters: dict[str, int] = {}  # requests sent again on a fresh connection (http_session)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
         url = self._base + path
         try:
-            async with self._session.request(method, url, **kwargs) as response:
+            async with await send(self._session, method, url, self.counters, **kwargs) as response:
                 return response.status, dict(response.headers), await response.read()
         except asyncio.TimeoutError:
             raise EndpointError(f"{self.endpoint.url}: no answer to {method} {path} within the request timeout") from None

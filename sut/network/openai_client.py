@@ -5,7 +5,8 @@ bounds the server's silence, no byte for that long, not the whole answer); mlhar
 on with the time it arrived (perf_counter_ns), which is what the token figures are measured from.
 
 A 429 or 503 before the stream starts (the server is busy) is retried up to `retries` times, after
-the server's `Retry-After` (at most RETRY_AFTER_CAP_S) or a short doubling wait; every retry is
+the server's `Retry-After` (at most RETRY_AFTER_CAP_S) or a short doubling wait; a request that met
+an idle connection the server had just closed is sent once more (http_session); every retry is
 counted. Anything else that is not a whole stream ending in `[DONE]` is an EndpointError naming the
 endpoint: an error status, a reset or refused connection, a silence past the timeout, a stream cut short
 or mid-event, an event that is not JSON, a line that is no SSE field, an error in the stream (an `error`
@@ -19,6 +20,7 @@ import time
 from typing import Any, AsyncIterator
 
 from mlharness.specs.endpoint import Endpoint
+from mlharness.sut.network.http_session import client_session, send
 from mlharness.sut.network.oip_client import EndpointError, ModelInfo
 from mlharness.sut.network.sse import Event, SSEDecoder, StrayLine
 
@@ -67,15 +69,14 @@ class OpenAIClient:
         self._aiohttp = aiohttp
         # The timeout bounds the server's silence, not the whole answer: a request may wait long in the
         # server's own queue (Offline sends every prompt at once), and a long answer streams for long.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s), raise_for_status=False)
+        self._session = client_session(connections, aiohttp.ClientTimeout(total=None, sock_connect=timeout_s,
+                                                                           sock_read=timeout_s))
         self.server_header = ""
 
     async def _get(self, path: str) -> Any:
         url = self.endpoint.base_url + path
         try:
-            async with self._session.get(url) as response:
+            async with await send(self._session, "GET", url) as response:
                 body = await response.read()
                 self.server_header = response.headers.get("Server", "")
                 if response.status != 200:
@@ -114,13 +115,14 @@ class OpenAIClient:
 
     async def stream(self, api: str, body: dict[str, Any], counters: dict[str, int]) -> AsyncIterator[tuple[int, Any]]:
         """(arrival perf_counter_ns, parsed chunk) for each event of a streamed request, up to `[DONE]`;
-        `counters["retries"]` counts the busy answers retried."""
+        `counters["retries"]` counts the requests sent again: busy answers, and a closed idle connection
+        (mlharness.sut.network.http_session)."""
         path = API_PATHS[api]
         url = self.endpoint.base_url + path
         deadline = time.monotonic() + self.timeout_s
         try:
             for attempt in range(self.retries + 1):
-                async with self._session.post(url, json=body) as response:
+                async with await send(self._session, "POST", url, counters, json=body) as response:
                     if response.status in RETRY_STATUSES and attempt < self.retries:
                         wait = _retry_after(response.headers, attempt)
                         if time.monotonic() + wait < deadline:
