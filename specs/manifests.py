@@ -13,11 +13,16 @@ from mlharness.specs import model_schema, schema, schema_parts
 
 # Re-exported: other modules (and tests) read these here: the schemas' constants, the plugin entry
 # points every registry keeps (mlharness.specs.plugins), the names the runtime's registries register.
-from mlharness.specs.model_schema import DECODINGS, GENERATIVE_FRAMEWORKS, SOURCE_ROLES  # noqa: F401
 from mlharness.specs.plugins import PluginEntryPoints, entry_points, load_entry_point  # noqa: F401
-from mlharness.specs.schema import DEVICE  # noqa: F401
-from mlharness.specs.schema_fields import CODE_REF, DIM_NAME  # noqa: F401
-from mlharness.specs.schema_parts import ELEMENT_TYPES  # noqa: F401
+from mlharness.specs.schema import (  # noqa: F401
+    CODE_REF,
+    DECODINGS,
+    DEVICE,
+    DIM_NAME,
+    ELEMENT_TYPES,
+    GENERATIVE_FRAMEWORKS,
+    SOURCE_ROLES,
+)
 from mlharness.specs.validation import (  # noqa: F401  (runtime registries register their names here)
     _NAME_SOURCES,
     NAME_OWNERS,

@@ -18,9 +18,20 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from mlharness.specs.model_schema import ModelDoc
-from mlharness.specs.schema_fields import (
+from mlharness.specs.model_schema import (  # noqa: F401  (every schema class stays reachable here, as before the split)
+    DECODINGS,
+    GENERATIVE_FRAMEWORKS,
+    SOURCE_ROLES,
+    Framework,
+    Generation,
+    ModelDoc,
+    Module,
+    Sources,
+)
+from mlharness.specs.schema_fields import (  # noqa: F401
+    CODE_REF,
     CONSTRAINT_PATTERN,
+    DIM_NAME,
     Code,
     Doc,
     ManifestDoc,
@@ -28,7 +39,7 @@ from mlharness.specs.schema_fields import (
     nonblank,
     version_constraint,
 )
-from mlharness.specs.schema_parts import Artifact, Metric
+from mlharness.specs.schema_parts import ELEMENT_TYPES, Artifact, Conversion, Metric, ModelMetric, Tensor  # noqa: F401
 from mlharness.specs.validation import SEMVER, SHA256, Expect, refuse_all
 
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
