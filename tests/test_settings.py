@@ -100,11 +100,13 @@ def test_a_request_carries_its_user_conf_content(tmp_path: Path) -> None:
     """The request holds the user.conf's settings, not only its path: the run applies them even when
     the file is gone by the time the run's process reads the request (another process, a host)."""
     from mlharness import RunRequest, run
+    from mlharness.running.resolve import resolved_for_run
 
     conf = tmp_path / "user.conf"
     conf.write_text("*.Offline.target_qps = 12345\n")
-    request = RunRequest(model="null", scenario="Offline", quick=True, user_conf=conf,
-                         results_dir=tmp_path / "results")
+    # Read when resolved for the run (the launcher does it when the request is submitted), not when built.
+    request = resolved_for_run(RunRequest(model="null", scenario="Offline", quick=True, user_conf=conf,
+                                          results_dir=tmp_path / "results"))
     conf.unlink()
     record = run(request)
     assert record.settings["loadgen"]["target_qps"] == "12345" and record.settings["origin"]["target_qps"] == "user.conf"

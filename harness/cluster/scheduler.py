@@ -26,6 +26,7 @@ from mlharness.cluster.ray_launcher import RayLauncher, node_info, require_ray
 from mlharness.errors import RunInterrupted, UserError
 from mlharness.records.run_record import utc_now
 from mlharness.running.progress import Snapshot, Steps, clock
+from mlharness.running.resolve import resolved_for_run
 from mlharness.sweeps.sweep import SweepResult, cell_result, record_cell_run
 
 NODES_REFRESH_S = 1.0  # how often the alive nodes are read from the cluster
@@ -125,7 +126,9 @@ def run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Any, 
     per_node = grid.cells_per_node
     jobs: deque[Job] = deque()
     for cell, repeat_index in todo:
+        # Resolved here, on the driver: the node gets user.conf's text, not a path that may not exist there.
         request = replace(cell.request_for(Path(options.results_dir).resolve(), timeout_s), quiet=True)
+        request = resolved_for_run(request)
         label = cell.label() + (f" #{repeat_index + 1}" if repeat > 1 else "")
         jobs.append(Job(cell, repeat_index, label, request, res.cell_needs(request, per_node)))
     nodes = alive_nodes(ray)

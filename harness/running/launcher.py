@@ -40,6 +40,7 @@ from mlharness.errors import RunFailed, RunInterrupted, UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.outcome import Launcher, Outcome, describe_exit
 from mlharness.running.request import RunRequest
+from mlharness.running.resolve import resolved_for_run
 from mlharness.running.run_folders import (
     check_results_dir,
     clean_stale_staging,
@@ -63,6 +64,7 @@ class LocalLauncher:
         self.output = output  # None: the child writes to this process's stdout and stderr
 
     def submit(self, request: RunRequest) -> Outcome:
+        request = resolved_for_run(request)  # user.conf read here, in the submitting process, not in the run's
         results_dir = Path(request.results_dir)
         check_results_dir(results_dir)
         if results_dir.is_dir():

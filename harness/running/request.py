@@ -40,8 +40,10 @@ class RunRequest:
     quick: bool = False
     presets: tuple[str, ...] = ()
     user_conf: Path | None = None
-    # The user.conf's content, read when the request is built: what crosses to another process or
-    # machine is the settings themselves, not a path that may not exist there.
+    # The user.conf's content, read when the request is resolved for a run (mlharness.running.resolve.
+    # resolved_for_run), not when it is built: what crosses to another process or machine is the settings
+    # themselves, not a path that may not exist there, and a request kept with a sweep still loads once
+    # its user.conf has moved.
     user_conf_text: str | None = None
     results_dir: Path = DEFAULT_RESULTS_DIR
     overrides: tuple[str, ...] = ()
@@ -69,6 +71,7 @@ class RunRequest:
     endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        # Checks values only, reads nothing: a data type stays pure (the file is read by resolved_for_run).
         # Lists and strings become tuples and Paths, so a request is immutable and compares by value.
         for name in _TUPLE_FIELDS:
             value = getattr(self, name)
@@ -77,11 +80,6 @@ class RunRequest:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
-        if self.user_conf is not None and self.user_conf_text is None:
-            try:
-                object.__setattr__(self, "user_conf_text", self.user_conf.read_text())
-            except OSError as exc:
-                raise UserError(f"{self.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
         if self.endpoint is not None:
             object.__setattr__(self, "endpoint", parse_endpoint(self.endpoint).url)
         if self.kind not in RUN_KINDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,19 @@ from mlharness.running.request import RunRequest
 from mlharness.running.settings import Settings, build_settings
 from mlharness.specs.index import SpecIndex
 from mlharness.specs.manifests import ModelManifest, ReferenceLog
+
+
+def resolved_for_run(request: RunRequest) -> RunRequest:
+    """The request as it is run, read where the run is submitted (the launcher; a cluster sweep's driver):
+    user.conf's text taken in, so the run's process or a cluster node gets the settings, not a path.
+    A request that already has them is returned as it is."""
+    if request.user_conf is None or request.user_conf_text is not None:
+        return request
+    try:
+        text = request.user_conf.read_text()
+    except OSError as exc:
+        raise UserError(f"{request.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
+    return replace(request, user_conf_text=text)
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
