@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mlharness.bricks import compose
 from mlharness.errors import UserError
 from mlharness.store.result_store import ResultStore
+from mlharness.sut import brick_timing as bt
 from mlharness.sut import bricks as sb
 from tests.support import run_cli, sha256, write_manifest
 
@@ -180,17 +181,17 @@ def test_a_shape_that_depends_on_the_data_is_refused_naming_the_node(tmp_path: P
 
 def test_median_ci_by_order_statistics() -> None:
     values = list(range(1, 101))  # n = 100: ranks 50 -+ 9.8 -> 40 and 61 (1-based)
-    median, low, high = sb.median_ci(values)
+    median, low, high = bt.median_ci(values)
     assert (median, low, high) == (50.5, 40.0, 61.0)
-    assert sb.median_ci([3.0, 1.0 + 2.0, 3.0]) == (3.0, 3.0, 3.0)
-    assert sb.median_ci([1.0, 2.0, 3.0]) == (2.0, 1.0, 3.0)  # tiny samples: the whole range
+    assert bt.median_ci([3.0, 1.0 + 2.0, 3.0]) == (3.0, 3.0, 3.0)
+    assert bt.median_ci([1.0, 2.0, 3.0]) == (2.0, 1.0, 3.0)  # tiny samples: the whole range
 
 
 def test_measure_stops_when_stable_or_at_the_cap() -> None:
     import time
 
     # Any spread is within a tolerance of 1000x: stable at the first check, after min_repeats calls.
-    steady = sb.measure(lambda: time.sleep(0.001), sb.ConfidenceRule(tolerance=1000.0, min_repeats=10, warmup_repeats=0))
+    steady = bt.measure(lambda: time.sleep(0.001), bt.ConfidenceRule(tolerance=1000.0, min_repeats=10, warmup_repeats=0))
     assert steady.stable and steady.repeats == 10 and steady.ci_low_ms <= steady.median_ms <= steady.ci_high_ms
     calls = []
 
@@ -199,7 +200,7 @@ def test_measure_stops_when_stable_or_at_the_cap() -> None:
         if len(calls) % 2:
             time.sleep(0.002)
 
-    capped = sb.measure(erratic, sb.ConfidenceRule(tolerance=0.01, min_repeats=10, warmup_repeats=0, time_cap=0.05))
+    capped = bt.measure(erratic, bt.ConfidenceRule(tolerance=0.01, min_repeats=10, warmup_repeats=0, time_cap=0.05))
     assert not capped.stable and capped.repeats >= 10 and capped.seconds >= 0.05
 
 
@@ -234,8 +235,9 @@ def test_composition_is_net_median_times_multiplicity_plus_one_call() -> None:
 
 # ---- the command: a user's manifest, the database, reuse ---------------------------------------------
 
-def _user_model(folder: Path, graph: Path) -> Path:
-    """A model manifest a user writes for an ONNX graph the harness has never seen."""
+def _user_model(folder: Path, graph: Path, sample: str = "np.array([sample % 7], dtype=np.float32)") -> Path:
+    """A model manifest a user writes for an ONNX graph the harness has never seen; `sample`: what its
+    preprocess returns."""
     return write_manifest(folder, "tiny-onnx.yaml", f"""\
         kind: model
         name: tiny-onnx
@@ -249,7 +251,7 @@ def _user_model(folder: Path, graph: Path) -> Path:
         preprocess: |
           import numpy as np
           def preprocess(sample, ctx):
-              return np.array([sample % 7], dtype=np.float32)
+              return {sample}
         attributes:
           max_batch_size: 4
           settings: {{SingleStream: {{target_latency: 1}}, MultiStream: {{target_latency: 5}}}}
@@ -338,6 +340,32 @@ def test_bricks_compared_with_the_loadgen_run_and_the_lower_bound(tmp_path: Path
     assert "<h2>Bricks</h2>" in (tmp_path / "one" / "index.html").read_text()
 
 
+def test_a_bricks_run_that_fails_is_kept_as_a_failed_run_as_a_loadgen_run_is(tmp_path: Path,
+                                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    """A bricks run ends through the lifecycle every run does (mlharness.running.lifecycle): user code
+    raising while the bricks are prepared fails the run, which is kept in failed-<run id>/ with its
+    record and the traceback of what the user code raised, stored as failed, and nothing is published."""
+    manifest = _user_model(tmp_path / "m", tiny_graph(tmp_path / "tiny.onnx"),
+                           sample="np.array([1.0 / (sample - sample)], dtype=np.float32)")  # ZeroDivisionError
+    results = tmp_path / "results"
+    assert run_cli("bricks", manifest, "--results-dir", results, "--time-cap", "0.05", "--no-variants",
+                   "--no-measure") == 1
+    (failed,) = results.glob("*/tiny-onnx/bricks/failed-*")
+    record = json.loads((failed / "run.json").read_text())
+    assert (record["kind"], record["status"], record["scenario"]) == ("bricks", "failed", "bricks")
+    assert record["results_path"] == str(failed) and record["finished_at"]
+    assert "ZeroDivisionError" in (failed / "traceback.txt").read_text()
+    assert record["error_traceback"] == str(failed / "traceback.txt")
+    assert "peak_rss_bytes" in record["cold_start"]  # memory use, as a failed LoadGen run records it
+    assert not (failed / "owner.json").exists()
+    assert not _bricks_runs(results) and not list(results.glob("*/tiny-onnx/bricks/.staging-*"))
+    err = capfd.readouterr().err
+    assert f"(logs kept in {failed}); traceback in {failed / 'traceback.txt'}" in err
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        (row,) = store.list_runs()
+        assert (row["run_id"], row["status"]) == (record["run_id"], "failed")
+
+
 def test_a_bricks_report_without_layer_benchmarks_says_so(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "empty.sqlite"
     ResultStore(db).close()
@@ -377,15 +405,15 @@ def test_large_weights_are_measured_with_the_rest_of_the_model_passed_through_th
     def fresh() -> None:
         calls.append("fresh")
 
-    assert sb.evicting(fresh, small, 64 << 20) is fresh  # small weights stay cached in the model too
-    wrapped = sb.evicting(fresh, large, (16 << 20) + (40 << 20))
+    assert bt.evicting(fresh, small, 64 << 20) is fresh  # small weights stay cached in the model too
+    wrapped = bt.evicting(fresh, large, (16 << 20) + (40 << 20))
     wrapped()
     assert calls == ["fresh"]
     evict_buffer = next(c.cell_contents for c in wrapped.__closure__ if isinstance(c.cell_contents, np.ndarray))
     assert evict_buffer.nbytes == 40 << 20 and evict_buffer.min() == 1  # the rest of the model's weights, written
-    capped = sb.evicting(fresh, large, 10 << 30)
+    capped = bt.evicting(fresh, large, 10 << 30)
     assert next(c.cell_contents for c in capped.__closure__
-                if isinstance(c.cell_contents, np.ndarray)).nbytes == sb.EVICT_CAP_BYTES
+                if isinstance(c.cell_contents, np.ndarray)).nbytes == bt.EVICT_CAP_BYTES
 
 
 class _FakeSampler:
@@ -404,7 +432,7 @@ class _FakeSampler:
 
 
 def test_the_estimate_rule_extends_the_brick_that_widens_the_interval_most() -> None:
-    from mlharness.bricks.runner import _refine
+    from mlharness.bricks.refine import refine as _refine
 
     wide = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])  # median 5.5, CI 1..10
     narrow = _FakeSampler([5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.01])
@@ -412,12 +440,12 @@ def test_the_estimate_rule_extends_the_brick_that_widens_the_interval_most() -> 
               "n": sb.Brick("n", "Conv", "", {}, [], [], nodes=["b", "c"]),
               "r": sb.Brick("r", "Relu", "", {}, [], [], nodes=["d"])}
     reused = {"r": {"median_ms": 1.0, "ci_low_ms": 0.99, "ci_high_ms": 1.01}}
-    rule = sb.ConfidenceRule(tolerance=0.02, time_cap=10.0)
+    rule = bt.ConfidenceRule(tolerance=0.02, time_cap=10.0)
     halfwidth = _refine({"w": wide, "n": narrow}, reused, bricks, 0.0, rule)
     estimate = 5.5 + 2 * 5.0 + 1.0
     assert halfwidth <= 0.02 * estimate
     assert wide.calls > 0 and narrow.calls == 0  # only the brick whose interval mattered took more calls
     # A cap stops it: nothing may take more time, the interval stays wide and is reported as it is.
     capped = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
-    halfwidth = _refine({"w": capped}, {}, bricks, 0.0, sb.ConfidenceRule(tolerance=0.02, time_cap=0.01))
+    halfwidth = _refine({"w": capped}, {}, bricks, 0.0, bt.ConfidenceRule(tolerance=0.02, time_cap=0.01))
     assert capped.calls == 0 and halfwidth == pytest.approx(4.5)

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from mlharness.sut import brick_timing as bt
 from mlharness.sut import bricks as sb
 
 
@@ -29,7 +30,7 @@ def _depthwise_session() -> ort.InferenceSession:
 def test_a_bound_call_writes_into_outputs_allocated_once_and_reads_its_inputs_in_place() -> None:
     session = _depthwise_session()
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
-    call, inputs, outputs = sb.bound_call(session, {"x": x})
+    call, inputs, outputs = bt.bound_call(session, {"x": x})
     assert inputs["x"] is not x and np.array_equal(inputs["x"], x)  # a copy: the caller's array is left alone
     output = outputs["y"]
     address = output.ctypes.data
@@ -45,7 +46,7 @@ def test_a_bound_call_writes_into_outputs_allocated_once_and_reads_its_inputs_in
 def test_fresh_inputs_are_written_back_whole_into_the_bound_memory_before_each_call() -> None:
     session = _depthwise_session()
     x = np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)
-    call, rewrite = sb.fresh_bound_call(session, {"x": x})
+    call, rewrite = bt.fresh_bound_call(session, {"x": x})
     bound, output = rewrite.inputs, rewrite.outputs["y"]
     addresses = {name: array.ctypes.data for name, array in bound.items()}
     expected = session.run(None, {"x": x})[0]
@@ -60,7 +61,7 @@ def test_fresh_inputs_are_written_back_whole_into_the_bound_memory_before_each_c
 
 
 def test_a_sampler_says_where_its_wall_time_went() -> None:
-    sampler = sb.Sampler(lambda: time.sleep(0.002), lambda: time.sleep(0.001), setup_seconds=0.5,
+    sampler = bt.Sampler(lambda: time.sleep(0.002), lambda: time.sleep(0.001), setup_seconds=0.5,
                          warmup_repeats=2, warmup_seconds=0.0)
     sampler.extend(5)
     phases = sampler.phases
