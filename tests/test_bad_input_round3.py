@@ -5,12 +5,16 @@ two runs. Each: a non-zero exit and one line naming the flag, file, field or sam
 hang. Real files, the real CLI (a subprocess where it is cheap)."""
 from __future__ import annotations
 
+import concurrent.futures
+import http.server
 import importlib.util
 import json
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -100,6 +104,58 @@ def test_a_cluster_port_that_does_not_answer_is_bounded_by_connect_timeout(grid:
     assert one_line(err) == (f"--cluster 127.0.0.1:{port}: no answer from 127.0.0.1 port {port} within 0.5 s "
                              f"(--connect-timeout); is the Ray head started there (mlharness node --head) and "
                              f"the port open?")
+
+
+@pytest.fixture
+def not_ray_grpc() -> Iterator[int]:
+    """A real gRPC server on loopback that serves no service (as another program's gRPC port): its port."""
+    import grpc
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port
+    server.stop(None)
+
+
+@pytest.mark.parametrize("scheme, service", [("", "Ray's GCS"), ("ray://", "the Ray Client server")])
+def test_a_cluster_port_that_serves_other_grpc_is_one_line_naming_the_service(grid: Path, tmp_path: Path, scheme: str,
+                                                                            service: str, not_ray_grpc: int) -> None:
+    """Ray would retry such a port for minutes (its GCS client's retries); Ray's own answer is what is asked."""
+    address = f"{scheme}127.0.0.1:{not_ray_grpc}"
+    code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster", address, timeout=60)
+    assert code == 1
+    assert one_line(err) == (f"--cluster {address}: 127.0.0.1 port {not_ray_grpc} answers gRPC but is not {service}; "
+                             f"is it the Ray head's port (mlharness node --head)?")
+
+
+def test_a_cluster_port_that_speaks_http_is_one_line(grid: Path, tmp_path: Path) -> None:
+    """A web server at the port (a dashboard's, say): it answers, but not in gRPC."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster", f"127.0.0.1:{port}",
+                           timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1
+    assert one_line(err) == (f"--cluster 127.0.0.1:{port}: 127.0.0.1 port {port} accepts connections but does not "
+                             f"speak gRPC, as Ray's GCS does; is it the Ray head's port (mlharness node --head)?")
+
+
+def test_a_cluster_port_that_accepts_and_stays_silent_is_bounded_by_connect_timeout(grid: Path, tmp_path: Path) -> None:
+    with socket.socket() as silent:  # the kernel accepts connections; nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        code, _, err = cli("sweep", grid, "--results-dir", tmp_path / "results", "--cluster", f"127.0.0.1:{port}",
+                           "--connect-timeout", "0.5", timeout=60)
+    assert code == 1
+    assert one_line(err) == (f"--cluster 127.0.0.1:{port}: 127.0.0.1 port {port} accepts connections but sent no "
+                             f"gRPC answer within 0.5 s (--connect-timeout); is it the Ray head's port "
+                             f"(mlharness node --head)?")
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
