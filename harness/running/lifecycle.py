@@ -25,12 +25,15 @@ from mlharness.running import system as system_mod
 
 
 class Guard(Protocol):
-    """What the lifecycle needs of the run's guard (mlharness.running.run_child.RunGuard)."""
+    """What a run reports to the guard that can stop it (mlharness.running.run_child.RunGuard): the
+    lifecycle its start and end, a body where user code begins and which SUT serves it."""
     aborted: BaseException | None
 
     def started(self, record: RunRecord, where: Any) -> None: ...
 
     def watch(self, timeout: float | None, what: str) -> Callable[[], None]: ...
+
+    def attach_sut(self, sut: Any) -> None: ...
 
     def finalizing(self) -> bool: ...
 

@@ -1,9 +1,6 @@
 """One run: manifests -> runtime -> LoadGen (per mode) -> results tree and run record."""
 from __future__ import annotations
 
-import os
-import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,9 +9,9 @@ from mlharness.atomic_io import write_json, write_text
 from mlharness.errors import RunFailed, UserError
 from mlharness.records import results
 from mlharness.records.loadgen_logs import detail_problems, parse_summary
-from mlharness.records.run_record import RunRecord, new_run_id, utc_now
+from mlharness.records.run_record import RunRecord
 from mlharness.running import accuracy as accuracy_mod
-from mlharness.running import system as system_mod
+from mlharness.running import lifecycle
 from mlharness.running.arguments import command_line
 from mlharness.running.loadgen_test import run_loadgen
 from mlharness.running.request import DEFAULT_RESULTS_DIR, RunRequest
@@ -38,9 +35,10 @@ from mlharness.specs.manifests import ReferenceLog
 __all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run_here"]
 
 
-def run_here(request: RunRequest, guard: Any) -> RunRecord:
+def run_here(request: RunRequest, guard: lifecycle.Guard) -> RunRecord:
     """The run itself, in this process (the launcher's child): `guard` (mlharness.running.run_child.RunGuard)
-    is told where the run is staged and which SUT serves it, so a signal or timeout can stop it."""
+    is told where the run is staged and which SUT serves it, so a signal or timeout can stop it. Staging,
+    failure and publishing are the lifecycle's (mlharness.running.lifecycle); the LoadGen body is here."""
     model, backend_name, dataset, hardware, software, reference = resolve_manifests(request)
     settings = prepare_settings(request, model)
     check_device(backend_name, hardware)
@@ -48,33 +46,25 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
     check_generative_settings(settings, model)
     endpoint = endpoint_for(request, model)
     # Against a server the framework runs there: nothing of it needs to be installed here.
-    installed = system_mod.check_software(software) if not request.endpoint else {}
-    for var, value in software.environment.items():
-        os.environ.setdefault(var, value)
-    detected = system_mod.detect_system()
-    system_name = system_mod.system_name(detected, hardware.device)
-    settings, untuned_note = with_tuned(request, model, backend_name, system_name, settings)
+    host = lifecycle.prepare_host(software, hardware, check_software=not request.endpoint)
+    settings, untuned_note = with_tuned(request, model, backend_name, host.name, settings)
     if model.generation is not None:
         token_mode(settings)
-    run_id = new_run_id()
-    where = results.scenario_dir(Path(request.results_dir), system_name, model.name, request.scenario, run_id)
-    record = _new_record(request, run_id, model, dataset, backend_name, system_name, detected, software,
-                         installed, hardware, settings, reference, where)
-    guard.started(record, where)
-    runtime = None
-    try:
+    where = lifecycle.new_place(request.results_dir, host, model.name, request.scenario)
+    record = lifecycle.new_record(where, host, model, dataset, backend_name, software, hardware, settings,
+                                  command=request.command or command_line(request), scenario=request.scenario,
+                                  mode=request.mode, reference=reference.identity() if reference else None)
+
+    def body(run: lifecycle.StagedRun) -> None:
         options = harness_options(settings, model)
-        runtime = build_any_runtime(model, dataset, hardware, backend_name, endpoint, options)
-        record.backend_info = runtime.backend.describe()
-        record.artifacts = runtime.artifacts
-        record.cold_start = dict(runtime.cold_start)
+        runtime = run.adopt(build_any_runtime(model, dataset, hardware, backend_name, endpoint, options))
         # The first inference and the warm-up, outside LoadGen: its test measures a warm system.
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
         record.cold_start.update(warm_up(runtime, request.scenario, options))
         warmed()
         expect_measured_latency(settings, record.cold_start, request.scenario)
-        say_untuned_once(untuned_note, Path(request.results_dir), model.name, request.scenario, system_name)
+        say_untuned_once(untuned_note, Path(request.results_dir), model.name, request.scenario, host.name)
         record.settings = settings.as_record()
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
@@ -83,43 +73,10 @@ def run_here(request: RunRequest, guard: Any) -> RunRecord:
             _run_mode(mode, runtime, settings, user_conf, where, record, request, reference, guard)
         write_json(where.stage() / "measurements.json", results.measurements(model, backend_name))
         write_text(where.stage() / "README.md", results.readme(model, request.scenario, record.command))
-        record.status = "ok"
-    except BaseException as exc:
-        record_usage(record, hardware)
-        fail_run(record, where, exc, guard)
-    finally:
-        if runtime is not None:
-            runtime.backend.close()
-    record_usage(record, hardware)
-    _publish(record, where, guard)
-    results.write_system_json(Path(request.results_dir), system_name, detected, hardware, record.software["versions"])
+
+    lifecycle.run_staged(record, where, guard, hardware, body)
+    results.write_system_json(Path(request.results_dir), host.name, host.detected, hardware, record.software["versions"])
     return record
-
-
-def _publish(record: RunRecord, where: results.ScenarioDir, guard: Any) -> None:
-    """The finished run's record written and its staged folder moved into runs/ (unless an abort,
-    already writing the failed run, will end this process first)."""
-    if not guard.finalizing():
-        wait_for_abort()
-    record.finished_at = utc_now()
-    record.results_path = str(where.run_dir)
-    write_json(where.stage() / "run.json", record.to_dict())
-    (where.staging / "owner.json").unlink(missing_ok=True)
-    where.publish()
-
-
-def _new_record(request: RunRequest, run_id: str, model: Any, dataset: Any, backend_name: str, system_name: str,
-                detected: dict[str, Any], software: Any, installed: dict[str, Any], hardware: Any, settings: Settings,
-                reference: ReferenceLog | None, where: results.ScenarioDir) -> RunRecord:
-    """The run's record as it starts: what runs, where, with which settings."""
-    return RunRecord(
-        run_id=run_id, command=request.command or command_line(request), model=model.identity(),
-        dataset=dataset.identity(), backend=backend_name, scenario=request.scenario, mode=request.mode,
-        system_name=system_name, system=detected,
-        software={"manifest": software.identity(), "checked": installed, "versions": system_mod.software_versions()},
-        hardware=hardware.identity() | {"device": hardware.device,
-                                        "cpu_affinity": list(hardware.cpu_affinity or ())}, settings=settings.as_record(),
-        reference=reference.identity() if reference else None, results_path=str(where.staging))
 
 
 def build_any_runtime(model: Any, dataset: Any, hardware: Any, backend_name: str, endpoint: Any,
@@ -163,53 +120,6 @@ def warm_up(runtime: Any, scenario: str, options: dict[str, Any]) -> dict[str, A
     # SingleStream sends one sample per query, so it warms up at batch 1.
     return first_inference_and_warm_up(runtime, 1 if scenario == "SingleStream" else options["max_batch_size"],
                                        queries, seconds)
-
-
-def record_usage(record: RunRecord, hardware: Any) -> None:
-    """Peak memory of the run's process (and of the device where one was used), for run.json."""
-    from mlharness.resources import usage
-
-    record.cold_start.update(usage(hardware.device))
-
-
-def fail_run(record: RunRecord, where: results.ScenarioDir, exc: BaseException, guard: Any) -> None:
-    """Keep the failed run in failed-<run id>/ with its record (and the traceback of anything that is
-    not a user's mistake) and raise RunFailed; unless an abort is already writing it."""
-    if not guard.finalizing():
-        wait_for_abort()
-    failure = guard.aborted or exc
-    record.status = "failed"
-    record.error = str(failure) if isinstance(failure, UserError) else f"{type(failure).__name__}: {failure}"
-    record.finished_at = utc_now()
-    (where.staging / "owner.json").unlink(missing_ok=True)
-    failed_dir = where.keep_failed()
-    record.results_path = str(failed_dir)
-    cause = _bug_behind(failure)
-    traceback_path = None
-    if cause is not None:
-        traceback_path = failed_dir / "traceback.txt"
-        write_text(traceback_path, "".join(traceback.format_exception(cause)))
-        record.error_traceback = str(traceback_path)
-    write_json(failed_dir / "run.json", record.to_dict())
-    message = f"run failed: {record.error} (logs kept in {failed_dir})"
-    if traceback_path is not None:
-        message += f"; traceback in {traceback_path}"
-    raise RunFailed(message, record, getattr(failure, "exit_status", 1)) from exc
-
-
-def _bug_behind(failure: BaseException) -> BaseException | None:
-    """The exception whose traceback is worth keeping: anything but a user's mistake, including what
-    user code or a backend raised behind a SampleError."""
-    if not isinstance(failure, UserError):
-        return failure
-    cause = getattr(failure, "cause", None) or failure.__cause__
-    return cause if cause is not None and not isinstance(cause, UserError) else None
-
-
-def wait_for_abort() -> None:
-    """The guard's abort is writing the failed run and will end this process; wait for it."""
-    while True:
-        time.sleep(60)
 
 
 def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,
