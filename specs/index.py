@@ -14,10 +14,14 @@ KIND_FOLDERS = {"model": "models", "dataset": "datasets", "software": "software"
                 "hardware": "hardware", "reference": "references"}
 
 
-def shipped_folder(package: str, env: str) -> Path:
+SPECS_ENV = "MLHARNESS_SPECS"  # the user's way to run with another specs folder
+
+
+def shipped_folder(package: str, env: str, read_env: bool = True) -> Path:
     """The folder of a data package shipped with mlharness (`specs`, `scenarios`), found through the
-    import system so that a checkout, an editable install and a wheel all work; $env overrides."""
-    override = os.environ.get(env)
+    import system so that a checkout, an editable install and a wheel all work; $env overrides
+    (unless `read_env` is False: the caller has read it already)."""
+    override = os.environ.get(env) if read_env else None
     if override:
         return Path(override)
     try:
@@ -34,7 +38,19 @@ def shipped_folder(package: str, env: str) -> Path:
 
 def specs_root() -> Path:
     """The shipped specs/ package's folder, unless MLHARNESS_SPECS points elsewhere."""
-    return shipped_folder("specs", "MLHARNESS_SPECS")
+    return shipped_folder("specs", SPECS_ENV)
+
+
+def specs_from_environment() -> Path | None:
+    """$MLHARNESS_SPECS, read where a run is submitted: the run request carries it (specs_root), so a
+    run's process, here or on a cluster node, does not read its own environment for it."""
+    value = os.environ.get(SPECS_ENV)
+    return Path(value) if value else None
+
+
+def shipped_specs() -> Path:
+    """The specs/ shipped with mlharness, whatever $MLHARNESS_SPECS says."""
+    return shipped_folder("specs", SPECS_ENV, read_env=False)
 
 
 def spec_files(root: Path | None = None, kind: str | None = None) -> list[Path]:

@@ -73,9 +73,23 @@ class PythonHandoff:
         lg.QuerySamplesComplete(responses)
 
 
+HANDOFF_ENV, ISSUE_ENV = "MLHARNESS_HANDOFF", "MLHARNESS_ISSUE"  # the user's way to choose either
+
+
+def handoff_from_environment() -> str:
+    """$MLHARNESS_HANDOFF (default native), read where a run is submitted: the run request carries it."""
+    return os.environ.get(HANDOFF_ENV) or "native"
+
+
+def issue_path_from_environment() -> str:
+    """$MLHARNESS_ISSUE (default native), read where a run is submitted: the run request carries it."""
+    return os.environ.get(ISSUE_ENV) or "native"
+
+
 def load_handoff(preference: str | None = None) -> Handoff:
-    """The native handoff when built and not overridden, else the Python one."""
-    choice = (preference or os.environ.get("MLHARNESS_HANDOFF") or "native").lower()
+    """The native handoff when built and not overridden, else the Python one. A run passes its
+    request's choice; without one, $MLHARNESS_HANDOFF decides (benchmarks and tests build SUTs directly)."""
+    choice = (preference or handoff_from_environment()).lower()
     if choice == "native":
         try:
             from mlharness.sut import _native  # type: ignore[attr-defined]
@@ -94,7 +108,7 @@ def load_issue_queue(scenario: str, preference: str | None = None) -> tuple[obje
     it without the GIL) unless MLHARNESS_ISSUE=python or the extension cannot reach LoadGen's C
     interface; else (None, why) and the SUT is called through the Python binding. Other scenarios
     always use the binding: SingleStream runs inline, Offline issues once, MultiStream rarely."""
-    choice = (preference or os.environ.get("MLHARNESS_ISSUE") or "native").lower()
+    choice = (preference or issue_path_from_environment()).lower()
     if choice not in ("native", "python"):
         from mlharness.errors import UserError
 

@@ -74,7 +74,8 @@ ALWAYS_WRITTEN = ("--scenario", "--mode")  # a recorded command names both, defa
 # RunRequest fields no flag sets: the positional model, what a command decides itself (the typed command,
 # the bricks command's own options), and what is read when the request is resolved for a run.
 FIELDS_WITHOUT_FLAGS = ("model", "user_conf_text", "command", "audit_config", "specs_root", "kind", "batch",
-                        "measured_run", "variants", "brick_time_cap", "brick_estimate")
+                        "measured_run", "variants", "brick_time_cap", "brick_estimate", "handoff", "issue_path",
+                        "resolved")
 
 
 def _default(spec: RequestFlag) -> Any:

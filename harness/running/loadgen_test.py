@@ -69,7 +69,8 @@ def run_test_beside_caller(start_test: Callable[[], None], serve: Callable[[], N
 
 
 def build_sut(runtime: Any, settings: Settings, options: dict[str, Any], profile: Any, guard: Any,
-              facts: dict[str, Any] | None, cold_start: dict[str, Any] | None) -> Any:
+              facts: dict[str, Any] | None, cold_start: dict[str, Any] | None, handoff: str | None = None,
+              issue: str | None = None) -> Any:
     """The SUT that serves this test: through a server (the query dispatch library), token streaming
     (a generative model), or the in-process one; `facts` receives how it serves, for the record."""
     from mlharness.sut.handoff import load_handoff, load_issue_queue
@@ -78,7 +79,7 @@ def build_sut(runtime: Any, settings: Settings, options: dict[str, Any], profile
     generative = getattr(runtime, "generative", False)
     network = getattr(runtime, "network", False)
     # A run against a server has no issue queue and no batch wait here: the server batches.
-    issue_queue, issue_path = load_issue_queue(settings.scenario) if not network else (None, "network")
+    issue_queue, issue_path = load_issue_queue(settings.scenario, issue) if not network else (None, "network")
     service_ms = full_batch_service_ms(cold_start or {}, int(options["max_batch_size"]))
     wait = batch_wait_bound(settings, options, service_ms) if not (generative or network) else {"batch_wait_ms": 0.0}
     if facts is not None and not network:
@@ -106,7 +107,7 @@ def build_sut(runtime: Any, settings: Settings, options: dict[str, Any], profile
         if facts is not None:  # the token SUT takes LoadGen's Python callback
             facts.update(issue_path="python", batch_wait_ms=0.0, **sut.describe())
     else:
-        sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(),
+        sut = SystemUnderTest(backend=runtime.backend, staged=runtime.staged, handoff=load_handoff(handoff),
                               scenario=settings.scenario, postprocess=runtime.postprocess, ctx=runtime.ctx,
                               max_batch_size=options["max_batch_size"], workers=options["workers"],
                               observer=profile, result_spec=runtime.model.result or runtime.model.outputs[0],
@@ -195,7 +196,8 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
     log_settings.log_output.copy_summary_to_stdout = False
     log_settings.enable_trace = bool(settings.harness.get("enable_trace", False))
     options = harness_options(settings, runtime.model)
-    sut = build_sut(runtime, settings, options, profile, guard, facts, cold_start)
+    # The request's handoff and issue path: read from the submitting process's environment, not this one's.
+    sut = build_sut(runtime, settings, options, profile, guard, facts, cold_start, request.handoff, request.issue_path)
     if guard is not None:
         guard.attach_sut(sut)
     load_samples, unload_samples = sample_loaders(runtime, sut, guard, float(options.get("load_timeout") or 0))

@@ -16,8 +16,9 @@ DEFAULT_RESULTS_DIR = Path("results")
 # A whole run (all its LoadGen tests) longer than this is stopped and recorded as failed. Full-length
 # submission tests take 10 to 20 minutes each on a small machine; --timeout raises it.
 DEFAULT_RUN_TIMEOUT = 4 * 3600.0
-# Version 2 added `kind` and the layer-benchmark fields (batch, measured_run, variants, brick_time_cap).
-REQUEST_SCHEMA_VERSION = 2
+# Version 2 added `kind` and the layer-benchmark fields (batch, measured_run, variants, brick_time_cap);
+# version 3 the environment's settings (handoff, issue_path) and `resolved`.
+REQUEST_SCHEMA_VERSION = 3
 # What a run measures, and so which runner executes it in the run's process (mlharness.running.launcher):
 # a LoadGen test, or a layer-level benchmark of the model's bricks (mlharness.bricks).
 RUN_KINDS = ("loadgen", "bricks")
@@ -69,6 +70,17 @@ class RunRequest:
     # A server that runs the model (grpc://HOST:PORT, http://HOST:PORT): the LoadGen test runs here and
     # forwards each sample to it (mlharness.sut.network); None runs the model in the run's own process.
     endpoint: str | None = None
+    # The environment's settings that decide a run, read from the submitting process's environment when
+    # the request is resolved for a run (mlharness.running.resolve.resolved_for_run), so that a run on a
+    # cluster node runs as the driver asked, not as the node's environment says: how samples are handed
+    # between the stages ($MLHARNESS_HANDOFF: native or python) and LoadGen's issue path for Server
+    # ($MLHARNESS_ISSUE: native or python); specs_root takes $MLHARNESS_SPECS the same way. Checked
+    # where they are used (mlharness.sut.handoff), as the environment variable always was.
+    handoff: str | None = None
+    issue_path: str | None = None
+    # user.conf's text and the environment's settings have been read in (resolved_for_run): wherever the
+    # request goes, it runs as it is, reading neither the file nor that process's environment.
+    resolved: bool = False
 
     def __post_init__(self) -> None:
         # Checks values only, reads nothing: a data type stays pure (the file is read by resolved_for_run).

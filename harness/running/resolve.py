@@ -12,21 +12,36 @@ from mlharness.errors import UserError
 from mlharness.running import system as system_mod
 from mlharness.running.request import RunRequest
 from mlharness.running.settings import Settings, build_settings
-from mlharness.specs.index import SpecIndex
+from mlharness.sut.handoff import handoff_from_environment, issue_path_from_environment
+from mlharness.specs.index import SpecIndex, default_index, shipped_specs, specs_from_environment
 from mlharness.specs.manifests import ModelManifest, ReferenceLog
 
 
 def resolved_for_run(request: RunRequest) -> RunRequest:
     """The request as it is run, read where the run is submitted (the launcher; a cluster sweep's driver):
-    user.conf's text taken in, so the run's process or a cluster node gets the settings, not a path.
-    A request that already has them is returned as it is."""
-    if request.user_conf is None or request.user_conf_text is not None:
+    user.conf's text and the environment's settings that decide a run ($MLHARNESS_SPECS,
+    $MLHARNESS_HANDOFF, $MLHARNESS_ISSUE) taken in, so the run's process or a cluster node gets them
+    rather than a path or its own environment. What the request already sets is kept; a resolved
+    request is returned as it is."""
+    if request.resolved:
         return request
-    try:
-        text = request.user_conf.read_text()
-    except OSError as exc:
-        raise UserError(f"{request.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
-    return replace(request, user_conf_text=text)
+    text = request.user_conf_text
+    if request.user_conf is not None and text is None:
+        try:
+            text = request.user_conf.read_text()
+        except OSError as exc:
+            raise UserError(f"{request.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
+    return replace(request, user_conf_text=text, specs_root=request.specs_root or specs_from_environment(),
+                   handoff=request.handoff or handoff_from_environment(),
+                   issue_path=request.issue_path or issue_path_from_environment(), resolved=True)
+
+
+def spec_index(request: RunRequest) -> SpecIndex:
+    """The specs a request runs with: its own folder; else, once resolved, the shipped specs (the
+    environment was read when it was resolved, maybe on another machine); else $MLHARNESS_SPECS's."""
+    if request.specs_root:
+        return SpecIndex(request.specs_root)
+    return SpecIndex(shipped_specs()) if request.resolved else default_index()
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
@@ -97,9 +112,7 @@ def harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:
 def resolve_manifests(request: RunRequest) -> tuple[ModelManifest, str, Any, Any, Any, ReferenceLog | None]:
     """(model, backend name, dataset, hardware, software, reference) the request names; pins the
     process to the hardware manifest's CPUs first, so everything detected or started later sees it."""
-    from mlharness.specs.index import default_index
-
-    index = SpecIndex(request.specs_root) if request.specs_root else default_index()
+    index = spec_index(request)
     model = select_model(index, request.model, request.backend)
     backend_name = request.backend or model.framework
     dataset_name = request.dataset or model.default_dataset
