@@ -34,7 +34,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert run_cli("sweep", grid, "--results-dir", results) == 0
     with ResultStore(results / "mlharness.sqlite") as store:
         cells = store.sweep_cells("g")
-        records = [store.get_run(c["run_id"]) for c in cells]
+        records = [store.get_record(c["run_id"]).to_dict() for c in cells]
     assert [c["status"] for c in cells] == ["ok"] * 3
     return {"root": root, "results": results, "ids": [c["run_id"] for c in cells], "records": records}
 

@@ -232,7 +232,7 @@ def _cells(db: Path, sweep_id: str) -> dict[str, str]:
 
     with ResultStore(db, create=False) as store:
         rows = store.sweep_cells(sweep_id)
-        return {store.get_run(row["run_id"])["scenario"]: row["run_id"] for row in rows if row["status"] == "ok"}
+        return {store.get_record(row["run_id"]).scenario: row["run_id"] for row in rows if row["status"] == "ok"}
 
 
 def test_sweep_db_option_stores_the_sweep_there_not_in_the_results_tree(swept: dict,

@@ -115,7 +115,7 @@ def test_tune_single_stream_trials_carry_the_request_flags(tmp_path: Path, capsy
         trials = json.loads(stored["trials_json"])
         # --repeats 1: one run a trial, no more runs in the database than trials in the search.
         assert sorted(row["run_id"] for row in store.list_runs()) == sorted(t["run_id"] for t in trials)
-        records = [json.loads((Path(store.get_run(t["run_id"])["results_path"]) / "run.json").read_text())
+        records = [json.loads((Path(store.get_record(t["run_id"]).results_path) / "run.json").read_text())
                    for t in trials]
     assert len(records) >= 2
     for record in records:

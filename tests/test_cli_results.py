@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mlharness.records.run_record import RunRecord
 from mlharness.store.result_store import ResultStore
 from tests.support import REPO, failing_null_model, linear_torch_model, run_cli
 
@@ -102,10 +103,10 @@ def test_each_filter_selects_exactly_its_runs_newest_first(db: dict, capsys: pyt
 def test_the_default_limit_is_fifty(db: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Fifty-one copies of one record in another database: the listing stops at fifty unless told."""
     with ResultStore(db["results"] / "mlharness.sqlite") as store:
-        record = store.get_run(db["runs"]["offline"])
+        record = store.get_record(db["runs"]["offline"]).to_dict()
     with ResultStore(tmp_path / "many.sqlite") as store:
         for i in range(51):
-            store.add_run({**record, "run_id": f"copy-{i:02d}", "started_at": f"2030-01-01T00:00:{i:02d}Z"})
+            store.add_run(RunRecord.from_dict({**record, "run_id": f"copy-{i:02d}", "started_at": f"2030-01-01T00:00:{i:02d}Z"}))
     capsys.readouterr()
     assert run_cli("results", "list", "--db", tmp_path / "many.sqlite", "--json") == 0
     rows = json.loads(capsys.readouterr().out)
@@ -118,7 +119,7 @@ def test_json_rows_hold_the_index_columns(db: dict, capsys: pytest.CaptureFixtur
     runs = db["runs"]
     with ResultStore(db["results"] / "mlharness.sqlite") as store:
         for run_id, row in rows.items():
-            record = store.get_run(run_id)
+            record = store.get_record(run_id).to_dict()
             assert (row["model"], row["backend"], row["scenario"], row["mode"], row["status"]) == (
                 record["model"]["name"], record["backend"], record["scenario"], record["mode"], record["status"])
             assert (row["results_path"], row["started_at"]) == (record["results_path"], record["started_at"])

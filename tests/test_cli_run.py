@@ -165,7 +165,7 @@ def test_compliance_outcomes_are_recorded_and_printed(audited: dict) -> None:
     with ResultStore(audited["results"] / "mlharness.sqlite") as store:
         rows = store.list_runs()
         assert [r["run_id"] for r in rows] == [record["run_id"]]
-        assert store.get_run(record["run_id"])["compliance"]["TEST04"]["verdict"] == "FAIL"
+        assert store.get_record(record["run_id"]).compliance["TEST04"]["verdict"] == "FAIL"
     assert "  TEST01 : FAIL (accuracy PASS, performance FAIL)" in out.splitlines()
     assert "  TEST04 : FAIL (performance FAIL)" in out.splitlines()
     scores = re.findall(r"^    test score = ([\d.e+]+)$", out, re.MULTILINE)

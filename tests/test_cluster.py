@@ -163,7 +163,7 @@ def cells(db: Path, sweep_id: str) -> list[dict]:
         rows = [dict(row) for row in store.sweep_cells(sweep_id)]
         for row in rows:
             row["params"] = json.loads(row["params_json"])
-            row["record"] = store.get_run(row["run_id"]) if row["run_id"] else None
+            row["record"] = store.get_record(row["run_id"]).to_dict() if row["run_id"] else None
     return rows
 
 

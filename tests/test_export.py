@@ -29,8 +29,7 @@ def _stored(root: Path) -> dict[str, dict]:
     """Each stored run's index row, its figures, and LoadGen's verdict from its stored record."""
     with ResultStore(root / "mlharness.sqlite", create=False) as store:
         return {row["run_id"]: dict(row) | {"figures": store.run_metrics(row["run_id"]),
-                                            "loadgen_result": (store.get_run(row["run_id"]).get("performance") or {})
-                                            .get("result")}
+                                            "loadgen_result": store.get_record(row["run_id"]).loadgen_result}
                 for row in store.list_runs()}
 
 

@@ -147,9 +147,9 @@ def test_references_by_file_folder_query_and_prefix(runs: dict, tmp_path: Path,
     folder = tmp_path / "baseline"
     folder.mkdir()
     with ResultStore(results / "mlharness.sqlite") as store:
-        run_json.write_text(json.dumps(store.get_run(runs["accuracy"])))
+        run_json.write_text(json.dumps(store.get_record(runs["accuracy"]).to_dict()))
         for run_id in runs["baseline"]:
-            (folder / f"{run_id}.json").write_text(json.dumps(store.get_run(run_id)))
+            (folder / f"{run_id}.json").write_text(json.dumps(store.get_record(run_id).to_dict()))
     assert gate(runs, [str(folder)], ["latest:model=null,scenario=Offline,mode=performance,n=3"],
                 "--rule", f"{THROUGHPUT}:-90%") == 0
     out = capsys.readouterr().out
@@ -166,7 +166,7 @@ def test_references_by_file_folder_query_and_prefix(runs: dict, tmp_path: Path,
 def test_different_systems_are_refused(runs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Another machine cannot exist here: its record is this machine's run with the CPU renamed.
     with ResultStore(runs["results"] / "mlharness.sqlite") as store:
-        other = store.get_run(runs["baseline"][0])
+        other = store.get_record(runs["baseline"][0]).to_dict()
     other["system"]["cpu_model"] = "Some Other CPU"
     other["software"]["checked"]["numpy"] = "0.0.1"
     path = tmp_path / "other.json"

@@ -69,9 +69,9 @@ def test_every_run_is_stored_with_its_record(two_runs: tuple[Path, list[dict]]) 
         assert (row["model"], row["backend"], row["scenario"], row["status"]) == ("null", "null", "Offline", "ok")
         assert row["model_sha256"] == perf["model"]["sha256"] and row["batch_size"] == 16
         assert row["metric_name"] == "offline.samples_per_second" and row["metric_value"] > 0
-        stored = store.get_run(perf["run_id"][:-1])  # a unique prefix is enough
-        assert stored == perf  # the full run.json: manifests, settings, system, software versions
-        assert stored["software"]["versions"]["mlcommons-loadgen"]
+        stored = store.get_record(perf["run_id"][:-1])  # a unique prefix is enough
+        assert stored.to_dict() == perf  # the full run.json: manifests, settings, system, software versions
+        assert stored.software_versions["mlcommons-loadgen"]
         metrics = store.run_metrics(acc["run_id"])
         assert {k: v for k, v in metrics.items() if k.startswith("accuracy.")} == {"accuracy.top1": 0.5, "accuracy.top5": 1.0}
         # Cold start and memory are figures too (gates can use them).
@@ -135,7 +135,7 @@ def test_migrates_a_version_1_database(two_runs: tuple[Path, list[dict]], tmp_pa
         assert schema_version(store.conn) == SCHEMA_VERSION
         (row,) = store.list_runs()
         assert row["batch_size"] == 16 and row["sweep_id"] is None  # backfilled from the stored JSON
-        assert store.get_run(perf["run_id"]) == perf
+        assert store.get_record(perf["run_id"]).to_dict() == perf
         assert store.list_sweeps() == []
 
 

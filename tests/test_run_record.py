@@ -81,13 +81,13 @@ def test_a_stored_version_1_row_reads_back_migrated(runs: tuple[Path, dict, dict
     _, perf, _ = runs
     db = tmp_path / "db.sqlite"
     with ResultStore(db) as store:
-        store.add_run(_as_version_1(perf))  # an old record given to the store is migrated first
+        store.add_run(RunRecord.from_dict(_as_version_1(perf)))  # an old record given to the store is migrated first
         assert store.list_runs()[0]["record_schema_version"] == 3
         # A row an older mlharness wrote: version-1 JSON in record_json.
         store.conn.execute("UPDATE runs SET record_json = ?, record_schema_version = 1 WHERE run_id = ?",
                            (json.dumps(_as_version_1(perf)), perf["run_id"]))
-        assert store.get_run(perf["run_id"]) == perf
-        assert store.records() == [perf]
+        assert store.get_record(perf["run_id"]).to_dict() == perf
+        assert [r.to_dict() for r in store.run_records()] == [perf]
         (record,) = store.run_records()
         assert (record.schema_version, record.kind) == (3, LOADGEN)
         assert store.get_record(perf["run_id"][:-1]).kind == LOADGEN
@@ -106,11 +106,11 @@ def test_a_newer_record_is_refused_in_one_line(runs: tuple[Path, dict, dict], tm
                                  f"reads ({RUN_SCHEMA_VERSION}); upgrade mlharness")
     db = tmp_path / "db.sqlite"
     with ResultStore(db) as store:
-        store.add_run(perf)
+        store.add_run(RunRecord.from_dict(perf))
         store.conn.execute("UPDATE runs SET record_json = ? WHERE run_id = ?",
                            (path.read_text(), perf["run_id"]))
         with pytest.raises(UserError, match=r"is newer than this mlharness reads") as caught:
-            store.get_run(perf["run_id"])
+            store.get_record(perf["run_id"])
         assert "\n" not in str(caught.value)
 
 
@@ -121,12 +121,31 @@ def test_a_record_without_a_kind_string_is_refused(runs: tuple[Path, dict, dict]
 
 
 def test_the_store_keeps_fields_this_version_does_not_know(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
-    """RunRecord.from_dict drops them; the stored dict (what a reader writes back) keeps them."""
+    """A record keeps them in `extra`, and so does the store: a reader that writes the record back loses nothing."""
     _, perf, _ = runs
     with ResultStore(tmp_path / "db.sqlite") as store:
-        store.add_run(perf | {"added_later": {"kept": True}})
-        assert store.get_run(perf["run_id"])["added_later"] == {"kept": True}
-        assert not hasattr(store.get_record(perf["run_id"]), "added_later")
+        store.add_run(RunRecord.from_dict(perf | {"added_later": {"kept": True}}))
+        record = store.get_record(perf["run_id"])
+        assert record.extra == {"added_later": {"kept": True}} and not hasattr(record, "added_later")
+        assert record.to_dict() == perf | {"added_later": {"kept": True}}
+
+
+def test_unknown_keys_round_trip_through_extra(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    """from_dict puts every key it does not know in `extra` (a key named "extra" too), to_dict puts them back
+    after the known fields; a known field wins over an unknown key of its name; shapes are checked only for
+    known fields."""
+    _, perf, _ = runs
+    data = perf | {"added_later": [1, 2], "extra": "a key of that name"}
+    record = RunRecord.from_dict(data)
+    assert record.extra == {"added_later": [1, 2], "extra": "a key of that name"}
+    assert record.to_dict() == data and list(record.to_dict())[-2:] == ["added_later", "extra"]
+    assert RunRecord.from_dict(record.to_dict()) == record
+    assert RunRecord.from_dict(perf).extra == {} and RunRecord.from_dict(perf).to_dict() == perf
+    record.extra["scenario"] = "not this"
+    assert record.to_dict()["scenario"] == perf["scenario"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    assert RunRecord.load(path) == RunRecord.from_dict(data)
 
 
 # ---- accessors ------------------------------------------------------------------------------------
@@ -169,7 +188,7 @@ def test_another_kind_is_stored_and_listed_but_left_out_of_a_submission(
     brick = perf | {"run_id": brick_id, "kind": "brick", "started_at": "2999-01-01T00:00:00+00:00",
                     "performance": None, "settings": {}}
     with ResultStore(results / "mlharness.sqlite") as store:
-        store.add_run(brick)
+        store.add_run(RunRecord.from_dict(brick))
         assert brick_id in [row["run_id"] for row in store.list_runs()]
         assert store.get_record(brick_id).kind == "brick"
     capsys.readouterr()

@@ -71,7 +71,7 @@ def test_index_columns_figures_and_json_of_a_real_run(real: dict, tmp_path: Path
     record = RunRecord.from_dict(copy.deepcopy(real))
     assert (record.batch_size, record.threads) == (4, 3)
     with db(tmp_path) as store:
-        store.add_run(real)
+        store.add_run(RunRecord.from_dict(real))
         (row,) = store.list_runs()
         expected = {
             "run_id": real["run_id"], "started_at": real["started_at"], "finished_at": real["finished_at"],
@@ -92,13 +92,15 @@ def test_index_columns_figures_and_json_of_a_real_run(real: dict, tmp_path: Path
         assert store.run_metrics("no-such-run") == {}
 
 
-def test_a_run_record_object_stores_as_its_dict(real: dict, tmp_path: Path) -> None:
-    with ResultStore(tmp_path / "a.sqlite") as a, ResultStore(tmp_path / "b.sqlite") as b:
+def test_a_record_reads_back_equal_and_a_dict_is_refused(real: dict, tmp_path: Path) -> None:
+    """add_run takes a RunRecord only (the dict form is gone); what it stored reads back equal, to its dict."""
+    with ResultStore(tmp_path / "a.sqlite") as a:
         a.add_run(RunRecord.from_dict(copy.deepcopy(real)))
-        b.add_run(real)
-        assert [dict(r) for r in a.list_runs()] == [dict(r) for r in b.list_runs()]
-        assert a.get_run(real["run_id"]) == real
         assert a.get_record(real["run_id"]) == RunRecord.from_dict(copy.deepcopy(real))
+        assert a.get_record(real["run_id"]).to_dict() == real
+        with pytest.raises(TypeError, match="^add_run takes a RunRecord, got dict$"):
+            a.add_run(make(real, "as-dict"))
+        assert ids(a.list_runs()) == [real["run_id"]]
 
 
 def test_missing_parts_store_as_empty_columns(real: dict, tmp_path: Path) -> None:
@@ -107,8 +109,8 @@ def test_missing_parts_store_as_empty_columns(real: dict, tmp_path: Path) -> Non
     invalid = make(real, "invalid", status="failed", error="it broke",
                    performance={**real["performance"], "valid": False})
     with db(tmp_path) as store:
-        store.add_run(bare)
-        store.add_run(invalid)
+        store.add_run(RunRecord.from_dict(bare))
+        store.add_run(RunRecord.from_dict(invalid))
         rows = {r["run_id"]: r for r in store.list_runs()}
         b, i = rows["bare"], rows["invalid"]
         assert b["status"] == "unknown"
@@ -125,36 +127,37 @@ def test_unknown_fields_are_kept_and_old_records_migrated(real: dict, tmp_path: 
     del old["kind"]
     old["schema_version"] = 1
     with db(tmp_path) as store:
-        store.add_run(newer)
-        store.add_run(old)
-        assert store.get_run("extra")["future_field"] == {"x": 1}
-        assert store.get_run("old") == make(real, "old")
+        store.add_run(RunRecord.from_dict(newer))
+        store.add_run(RunRecord.from_dict(old))
+        assert store.get_record("extra").extra == {"future_field": {"x": 1}}
+        assert store.get_record("extra").to_dict()["future_field"] == {"x": 1}
+        assert store.get_record("old").to_dict() == make(real, "old")
         with pytest.raises(UserError, match="run record: schema_version 99 is newer"):
-            store.add_run(make(real, "future", schema_version=99))
+            store.add_run(RunRecord.from_dict(make(real, "future", schema_version=99)))
         assert sorted(ids(store.list_runs())) == ["extra", "old"]
 
 
 def test_adding_a_run_again_updates_it_and_keeps_its_sweep_cell(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(real)
+        store.add_run(RunRecord.from_dict(real))
         store.tag_run(real["run_id"], "sw", "cell-a", 2)
         changed = make(real, real["run_id"], status="failed", error="late failure",
                        performance={**real["performance"], "samples_per_second": 12.5, "extra_qps": 7},
                        cold_start={})
-        store.add_run(changed)
+        store.add_run(RunRecord.from_dict(changed))
         (row,) = store.list_runs()
         assert (row["status"], row["error"], row["metric_value"]) == ("failed", "late failure", 12.5)
         assert (row["sweep_id"], row["cell_key"], row["repeat_index"]) == ("sw", "cell-a", 2)
         metrics = store.run_metrics(real["run_id"])
         assert metrics["offline.samples_per_second"] == 12.5 and metrics["offline.extra_qps"] == 7
         assert not any(k.startswith("coldstart.") for k in metrics)  # the old figures are gone
-        assert store.get_run(real["run_id"]) == changed
+        assert store.get_record(real["run_id"]).to_dict() == changed
 
 
 def test_deleting_a_run_deletes_its_figures(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(real)
-        store.add_run(make(real, "other"))
+        store.add_run(RunRecord.from_dict(real))
+        store.add_run(RunRecord.from_dict(make(real, "other")))
         store.conn.execute("DELETE FROM runs WHERE run_id = ?", (real["run_id"],))
         assert store.run_metrics(real["run_id"]) == {}
         assert store.run_metrics("other")
@@ -164,54 +167,55 @@ def test_deleting_a_run_deletes_its_figures(real: dict, tmp_path: Path) -> None:
 
 # ---- reading runs back ------------------------------------------------------------------------
 
-def test_get_run_by_id_or_unique_prefix(real: dict, tmp_path: Path) -> None:
+def test_get_record_by_id_or_unique_prefix(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
         for run_id in ("r1", "r10", "r2", "a_b", "axb", "p%q", "pzq", "s\\t", "sxt"):
-            store.add_run(make(real, run_id))
-        assert store.get_run("r1")["run_id"] == "r1"  # an exact id wins over the longer one it prefixes
-        assert store.get_run("r2")["run_id"] == "r2"
+            store.add_run(RunRecord.from_dict(make(real, run_id)))
+        assert store.get_record("r1").run_id == "r1"  # an exact id wins over the longer one it prefixes
+        assert store.get_record("r2").run_id == "r2"
         assert store.get_record("r10").run_id == "r10"
-        assert store.get_run("a_")["run_id"] == "a_b"  # _ % and \ are literal in a prefix
-        assert store.get_run("p%")["run_id"] == "p%q"
-        assert store.get_run("s\\")["run_id"] == "s\\t"
+        assert store.get_record("a_").run_id == "a_b"  # _ % and \ are literal in a prefix
+        assert store.get_record("p%").run_id == "p%q"
+        assert store.get_record("s\\").run_id == "s\\t"
         with pytest.raises(UserError) as exc:
-            store.get_run("r")
+            store.get_record("r")
         assert one_line(exc) == f"{store.path}: run id prefix 'r' is ambiguous (r1, r10, r2, ...)"
         with pytest.raises(UserError) as exc:
-            store.get_run("p")  # two matches are ambiguous too
+            store.get_record("p")  # two matches are ambiguous too
         assert one_line(exc) == f"{store.path}: run id prefix 'p' is ambiguous (p%q, pzq, ...)"
         with pytest.raises(UserError) as exc:
-            store.get_run("q")
+            store.get_record("q")
         assert one_line(exc) == f"{store.path}: no run with id 'q'"
 
 
 def test_a_stored_record_this_version_cannot_read_names_its_run(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(real)
+        store.add_run(RunRecord.from_dict(real))
         store.conn.execute("UPDATE runs SET record_json = ?", (json.dumps(make(real, real["run_id"], schema_version=7)),))
         with pytest.raises(UserError) as exc:
-            store.get_run(real["run_id"])
+            store.get_record(real["run_id"])
         assert one_line(exc).startswith(f"{store.path}: run {real['run_id']}: schema_version 7 is newer")
         with pytest.raises(UserError, match=f"run {real['run_id']}: schema_version 7"):
-            store.records()
+            store.run_records()
 
 
 def test_list_newest_first_with_ties_in_insertion_order(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(make(real, "b-old", started_at="2024-01-01T00:00:00+00:00"))
-        store.add_run(make(real, "c-tie1", started_at="2024-06-01T00:00:00+00:00"))
-        store.add_run(make(real, "a-tie2", started_at="2024-06-01T00:00:00+00:00"))
-        store.add_run(make(real, "d-new", started_at="2025-01-01T00:00:00+00:00"))
+        store.add_run(RunRecord.from_dict(make(real, "b-old", started_at="2024-01-01T00:00:00+00:00")))
+        store.add_run(RunRecord.from_dict(make(real, "c-tie1", started_at="2024-06-01T00:00:00+00:00")))
+        store.add_run(RunRecord.from_dict(make(real, "a-tie2", started_at="2024-06-01T00:00:00+00:00")))
+        store.add_run(RunRecord.from_dict(make(real, "d-new", started_at="2025-01-01T00:00:00+00:00")))
         order = ["d-new", "a-tie2", "c-tie1", "b-old"]
         assert ids(store.list_runs()) == order
         assert ids(store.list_runs(limit=2)) == order[:2]
         assert ids(store.list_runs(limit=1)) == order[:1]
         assert ids(store.list_runs(limit=None)) == order
         assert ids(store.list_runs(limit=0)) == order  # no limit
-        assert [r["run_id"] for r in store.records()] == order
-        assert [r["run_id"] for r in store.records(limit=3)] == order[:3]
+        assert [r.run_id for r in store.run_records()] == order
+        assert [r.run_id for r in store.run_records(limit=3)] == order[:3]
         assert [r.run_id for r in store.run_records(limit=2)] == order[:2]
-        assert store.records(limit=1) == [make(real, "d-new", started_at="2025-01-01T00:00:00+00:00")]
+        assert [r.to_dict() for r in store.run_records(limit=1)] == [
+            make(real, "d-new", started_at="2025-01-01T00:00:00+00:00")]
 
 
 def test_every_filter_and_their_combination(real: dict, tmp_path: Path) -> None:
@@ -229,7 +233,7 @@ def test_every_filter_and_their_combination(real: dict, tmp_path: Path) -> None:
     }
     with db(tmp_path) as store:
         for n, (run_id, change) in enumerate(variants.items()):
-            store.add_run(make(real, run_id, **{**base, **change}, started_at=f"2024-01-0{n + 1}T00:00:00+00:00"))
+            store.add_run(RunRecord.from_dict(make(real, run_id, **{**base, **change}, started_at=f"2024-01-0{n + 1}T00:00:00+00:00")))
         store.tag_run("sweep", "sw1", "k", 0)
         everything = ["sweep", "system", "mode", "status", "backend", "scenario", "model", "base"]
         assert ids(store.list_runs(RunFilter())) == everything
@@ -247,7 +251,7 @@ def test_every_filter_and_their_combination(real: dict, tmp_path: Path) -> None:
         assert ids(store.list_runs(both, limit=1)) == ["sweep"]
         assert ids(store.list_runs(RunFilter(model="m2", scenario="Server"))) == []  # AND, not OR
         assert [r.run_id for r in store.run_records(RunFilter(mode="accuracy"))] == ["mode"]
-        assert [r["run_id"] for r in store.records(RunFilter(backend="torch"))] == ["backend"]
+        assert [r.run_id for r in store.run_records(RunFilter(backend="torch"))] == ["backend"]
 
 
 # ---- sweeps -----------------------------------------------------------------------------------
@@ -270,8 +274,8 @@ def test_sweeps_and_their_cells(real: dict, tmp_path: Path) -> None:
             store.get_sweep("s3")
         assert one_line(exc) == f"{store.path}: no sweep 's3' (known: s1, s2)"
 
-        store.add_run(real)
-        store.add_run(make(real, "other"))
+        store.add_run(RunRecord.from_dict(real))
+        store.add_run(RunRecord.from_dict(make(real, "other")))
         cell = dict(status="ok", error=None, stderr=None, finished_at="t9", seconds=1.5)
         store.record_cell("s1", "k2", 0, {"z": 1, "a": 2}, run_id=real["run_id"], started_at="t2", **cell)
         store.record_cell("s1", "k1", 1, {}, run_id=None, started_at="t2", **{**cell, "status": "failed",
@@ -298,7 +302,7 @@ def test_sweeps_and_their_cells(real: dict, tmp_path: Path) -> None:
         assert store.finished_cells("s1")[("k1", 1)] == "ok"
         again = [r for r in store.sweep_cells("s1") if (r["cell_key"], r["repeat_index"]) == ("k1", 1)]
         assert len(again) == 1 and again[0]["error"] is None and again[0]["run_id"] == "other"
-        assert store.get_run("other") and store.list_runs(RunFilter(sweep="s1"), limit=5)
+        assert store.get_record("other") and store.list_runs(RunFilter(sweep="s1"), limit=5)
 
         listed = [(r["sweep_id"], r["cells"], r["ok"]) for r in store.list_sweeps()]
         assert listed == [("s1", 4, 3), ("s2", 1, 1)]  # most recently updated first
@@ -451,28 +455,28 @@ def test_a_step_another_process_finished_meanwhile_is_not_run_again(tmp_path: Pa
 
 def test_a_failed_write_leaves_nothing_half_written(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(real)
+        store.add_run(RunRecord.from_dict(real))
         before = ([dict(r) for r in store.list_runs()], store.run_metrics(real["run_id"]))
         # The figures are written after the row: make their insert fail, as a full disk would.
         store.conn.execute("CREATE TRIGGER no_figures BEFORE INSERT ON run_metrics "
                            "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
         with pytest.raises(sqlite3.IntegrityError, match="disk full"):
-            store.add_run(make(real, real["run_id"], status="failed", error="rewritten"))
+            store.add_run(RunRecord.from_dict(make(real, real["run_id"], status="failed", error="rewritten")))
         with pytest.raises(sqlite3.IntegrityError, match="disk full"):
-            store.add_run(make(real, "new-run"))
+            store.add_run(RunRecord.from_dict(make(real, "new-run")))
         assert ([dict(r) for r in store.list_runs()], store.run_metrics(real["run_id"])) == before
         assert not store.conn.in_transaction
         store.conn.execute("DROP TRIGGER no_figures")
-        store.add_run(make(real, "new-run"))  # the connection is still usable
+        store.add_run(RunRecord.from_dict(make(real, "new-run")))  # the connection is still usable
         assert sorted(ids(store.list_runs())) == sorted([real["run_id"], "new-run"])
     # Another connection sees exactly the committed state.
     with ResultStore(tmp_path / "runs.sqlite", create=False) as again:
-        assert again.get_run(real["run_id"]) == real
+        assert again.get_record(real["run_id"]).to_dict() == real
 
 
 def test_a_failed_cell_write_tags_no_run(real: dict, tmp_path: Path) -> None:
     with db(tmp_path) as store:
-        store.add_run(real)
+        store.add_run(RunRecord.from_dict(real))
         store.start_sweep("s", "s", "g", {}, "t")
         store.conn.execute("CREATE TRIGGER no_tags BEFORE UPDATE OF sweep_id ON runs "
                            "BEGIN SELECT RAISE(ABORT, 'locked out'); END")
@@ -493,7 +497,7 @@ def test_concurrent_writers_lose_nothing(real: dict, tmp_path: Path) -> None:
             with ResultStore(path) as store:  # each its own connection; the first ones also migrate
                 store.start_sweep("sw", "sweep", "grid.yaml", {}, f"t{n}")
                 for i in range(15):
-                    store.add_run(make(real, f"w{n}-{i:02d}"))
+                    store.add_run(RunRecord.from_dict(make(real, f"w{n}-{i:02d}")))
                     store.record_cell("sw", f"w{n}", i, {}, "ok", f"w{n}-{i:02d}", None, None, "a", "b", 0.1)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -527,13 +531,12 @@ def test_database_path_from_environment_or_results_folder(tmp_path: Path, monkey
     assert default_db_path(tmp_path / "res") == tmp_path / "res" / "mlharness.sqlite"
 
 
-def test_record_run_stores_a_record_or_its_dict(real: dict, tmp_path: Path) -> None:
+def test_record_run_stores_a_record_in_its_results_folders_database(real: dict, tmp_path: Path) -> None:
     results = tmp_path / "results"
     record_run(results, RunRecord.from_dict(make(real, "as-object")))
-    record_run(results, make(real, "as-dict"))
     with ResultStore(results / "mlharness.sqlite", create=False) as store:
-        assert sorted(ids(store.list_runs())) == ["as-dict", "as-object"]
-        assert store.get_run("as-object") == make(real, "as-object")
+        assert ids(store.list_runs()) == ["as-object"]
+        assert store.get_record("as-object").to_dict() == make(real, "as-object")
 
 
 def test_run_files_imported_once_each_and_all_or_nothing(real: dict, tmp_path: Path) -> None:
@@ -546,11 +549,11 @@ def test_run_files_imported_once_each_and_all_or_nothing(real: dict, tmp_path: P
     single = tmp_path / "single.json"
     single.write_text(json.dumps(make(real, "run-d")))
     loaded = load_run_files([folder, single])
-    assert [r["run_id"] for r in loaded] == ["run-c", "run-a", "run-b", "run-d"]
-    assert loaded[1]["note"] == "a"  # the first file read of a run is the one kept
+    assert [r.run_id for r in loaded] == ["run-c", "run-a", "run-b", "run-d"]
+    assert loaded[1].extra["note"] == "a"  # the first file read of a run is the one kept
     with db(tmp_path) as store:
         assert import_run_files(store, [folder, single]) == ["run-c", "run-a", "run-b", "run-d"]
-        assert store.get_run("run-a")["note"] == "a"
+        assert store.get_record("run-a").extra["note"] == "a"
         bad = tmp_path / "bad" / "run.json"
         bad.parent.mkdir()
         bad.write_text("{truncated")
@@ -560,20 +563,20 @@ def test_run_files_imported_once_each_and_all_or_nothing(real: dict, tmp_path: P
             import_run_files(store, [good, bad.parent])
         assert "run-e" not in ids(store.list_runs())  # the good file before it was not stored either
         assert store_record_file(store, good) == "run-e"
-        assert store.get_run("run-e") == make(real, "run-e")
+        assert store.get_record("run-e").to_dict() == make(real, "run-e")
 
 
 def test_stored_json_is_canonical_and_takes_any_value(real: dict, tmp_path: Path) -> None:
     """The stored JSON does not depend on key order, and a value JSON lacks (a Path) is kept as text."""
     reordered = dict(reversed(list(make(real, "b").items())))
     with db(tmp_path) as store:
-        store.add_run(make(real, "a"))
-        store.add_run(reordered)
+        store.add_run(RunRecord.from_dict(make(real, "a")))
+        store.add_run(RunRecord.from_dict(reordered))
         store.add_run(RunRecord.from_dict(make(real, "c", artifacts={"weights": Path("/w/model.onnx")})))
         rows = {r["run_id"]: r["record_json"] for r in store.list_runs()}
         assert rows["a"].replace('"a"', '"b"', 1) == rows["b"]
         assert rows["a"] == json.dumps(make(real, "a"), sort_keys=True)
-        assert store.get_run("c")["artifacts"] == {"weights": "/w/model.onnx"}
+        assert store.get_record("c").artifacts == {"weights": "/w/model.onnx"}
 
 
 def test_a_sweeps_grid_is_stored_canonical(tmp_path: Path) -> None:
@@ -597,7 +600,7 @@ def test_a_writer_waits_for_another_writers_lock(real: dict, tmp_path: Path) -> 
     release.start()
     try:
         with ResultStore(path) as store:
-            store.add_run(make(real, "waited"))
+            store.add_run(RunRecord.from_dict(make(real, "waited")))
             assert ids(store.list_runs()) == ["waited"]
     finally:
         release.join()
@@ -623,7 +626,7 @@ def test_a_bricks_runs_measurements_are_stored_for_reuse_by_fingerprint(real: di
     bare = _brick("relu-b", "threads=2,opt=basic,ep=cpu", "0.25")
     with db(tmp_path) as store:
         assert store.count_brick_measurements() == 0
-        store.add_run(_bricks_run(real, "b1", [full, bare]))
+        store.add_run(RunRecord.from_dict(_bricks_run(real, "b1", [full, bare])))
         assert store.count_brick_measurements() == 2
         found = store.brick_measurements("fp-1", ["conv-a", "relu-b", "conv-a", "absent"])
         assert found == {
@@ -642,12 +645,12 @@ def test_a_bricks_runs_measurements_are_stored_for_reuse_by_fingerprint(real: di
         assert store.brick_measurements("fp-1", []) == {}
         assert store.run_metrics("b1")["bricks.estimate_ms"] == 3.5
         # Measured again under the same fingerprint and variant: replaced, not added.
-        store.add_run(_bricks_run(real, "b2", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 1.25)]))
+        store.add_run(RunRecord.from_dict(_bricks_run(real, "b2", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 1.25)])))
         assert store.count_brick_measurements() == 2
         again = store.brick_measurements("fp-1", ["conv-a"])[("conv-a", "threads=1,opt=all,ep=cpu")]
         assert (again["median_ms"], again["run_id"], again["op_type"]) == (1.25, "b2", None)
         # Another fingerprint is another measurement.
-        store.add_run(_bricks_run(real, "b3", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 9)], fingerprint="fp-2"))
+        store.add_run(RunRecord.from_dict(_bricks_run(real, "b3", [_brick("conv-a", "threads=1,opt=all,ep=cpu", 9)], fingerprint="fp-2")))
         assert store.count_brick_measurements() == 3
         assert store.brick_measurements("fp-2", ["conv-a"])[("conv-a", "threads=1,opt=all,ep=cpu")]["median_ms"] == 9.0
 
@@ -661,15 +664,15 @@ def test_bricks_are_stored_only_from_an_ok_run_that_measured_them_under_a_finger
               "nothing measured": lambda: _bricks_run(real, "x", []),
               "no bricks": lambda: make(real, "x", bricks=None)}[why]()
     with db(tmp_path) as store:
-        store.add_run(record)
-        assert store.get_run("x")["run_id"] == "x"
+        store.add_run(RunRecord.from_dict(record))
+        assert store.get_record("x").run_id == "x"
         assert store.count_brick_measurements() == 0
 
 
 def test_brick_lookup_beyond_sqlites_parameter_limit(real: dict, tmp_path: Path) -> None:
     keys = [f"k{i:04d}" for i in range(1234)]
     with db(tmp_path) as store:
-        store.add_run(_bricks_run(real, "many", [_brick(k, "v", 1.0) for k in keys]))
+        store.add_run(RunRecord.from_dict(_bricks_run(real, "many", [_brick(k, "v", 1.0) for k in keys])))
         found = store.brick_measurements("fp-1", reversed(keys + keys[:10]))
         assert sorted(found) == [(k, "v") for k in keys]
 
@@ -685,13 +688,13 @@ def test_reading_opens_only_a_current_database_read_only(real: dict, tmp_path: P
     assert ResultStore.reading(path) is None, "not a file"
     path.rmdir()
     with ResultStore(path) as store:
-        store.add_run(make(real, "r1"))
+        store.add_run(RunRecord.from_dict(make(real, "r1")))
     reader = ResultStore.reading(str(path))
     assert reader is not None and reader.path == path
     try:
-        assert ids(reader.list_runs()) == ["r1"] and reader.get_run("r1")["run_id"] == "r1"
+        assert ids(reader.list_runs()) == ["r1"] and reader.get_record("r1").run_id == "r1"
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            reader.add_run(make(real, "r2"))
+            reader.add_run(RunRecord.from_dict(make(real, "r2")))
     finally:
         reader.close()
     with ResultStore(path) as store:
@@ -765,7 +768,7 @@ def test_a_reader_waits_for_a_writers_exclusive_lock(real: dict, tmp_path: Path)
     own process reading it waits (up to 60 s) instead of failing with "database is locked"."""
     path = tmp_path / "busy.sqlite"
     with ResultStore(path) as store:
-        store.add_run(make(real, "r1"))
+        store.add_run(RunRecord.from_dict(make(real, "r1")))
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")
     release = threading.Timer(6.0, lambda: holder.execute("COMMIT"))

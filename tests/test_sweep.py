@@ -261,7 +261,7 @@ def test_every_cell_leaves_its_own_folder_with_its_own_logs(tmp_path: Path,
         for row in cells:
             cell = Cell.from_params(json.loads(row["params_json"]))
             (db_row,) = [r for r in store.list_runs() if r["run_id"] == row["run_id"]]
-            record = store.get_run(row["run_id"])
+            record = store.get_record(row["run_id"]).to_dict()
             folder = Path(db_row["results_path"])
             paths.add(folder)
             # <Scenario>/runs/<run id>/, holding that run's record and LoadGen logs
@@ -309,7 +309,7 @@ def test_a_grid_varies_hardware_manifests(tmp_path: Path, specs_copy: Path,
     with ResultStore(results / "mlharness.sqlite") as store:
         rows = store.sweep_cells("hw")
         assert [r["status"] for r in rows] == ["ok", "ok"]
-        by_hardware = {json.loads(r["params_json"]).get("hardware", "cpu"): store.get_run(r["run_id"]) for r in rows}
+        by_hardware = {json.loads(r["params_json"]).get("hardware", "cpu"): store.get_record(r["run_id"]).to_dict() for r in rows}
     assert {name: record["hardware"]["name"] for name, record in by_hardware.items()} == {
         "cpu": "cpu", "cpu-1t": "cpu-1t"}
     assert Path(by_hardware["cpu-1t"]["hardware"]["path"]) == specs_copy / "hardware" / "cpu-1t.yaml"

@@ -397,7 +397,7 @@ def test_tune_stores_the_best_and_later_runs_start_from_it(tmp_path: Path, capfd
         assert stored["settings"]["max_batch_size"] == 64 and stored["scenario"] == "Offline"
         assert stored["figure_name"] == "offline.samples_per_second" and stored["figure_value"] > 300
         trials = json.loads(stored["trials_json"])
-        assert all(store.get_run(t["run_id"])["status"] == "ok" for t in trials)  # each trial a run of its own
+        assert all(store.get_record(t["run_id"]).status == "ok" for t in trials)  # each trial a run of its own
 
     assert run_cli("run", model, "--scenario", "Offline", "--quick", "--results-dir", results) == 0
     record = newest_run(results, "slow-batches", "Offline")

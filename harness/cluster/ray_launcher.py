@@ -11,7 +11,6 @@ scenario folder is rebuilt, and the record is stored in the driver's database.
 Ray is imported only here and only when a cluster is used (`require_ray`)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -143,11 +142,11 @@ def finish(request: RunRequest, payload: dict[str, Any], node: dict[str, Any] | 
                 results_dir.mkdir(parents=True, exist_ok=True)
                 (results_dir / rel).write_bytes(content)
         if (incoming / "run.json").is_file():  # the record as the node wrote it, its paths moved here
-            written = json.loads((incoming / "run.json").read_text())
-            written = _moved(written, node_root, str(results_dir))
+            written = RunRecord.from_dict(_moved(RunRecord.load(incoming / "run.json").to_dict(), node_root,
+                                                 str(results_dir)))
             if node is not None:
-                written["system"] = dict(written.get("system") or {}) | {"cluster_node": node}
-            write_json(incoming / "run.json", written)
+                written.system = dict(written.system or {}) | {"cluster_node": node}
+            write_json(incoming / "run.json", written.to_dict())
         folder.parent.mkdir(parents=True, exist_ok=True)
         os.replace(incoming, folder)
         if folder.parent.name == RUNS_FOLDER:

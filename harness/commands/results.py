@@ -110,14 +110,12 @@ def describe(record: RunRecord, figures: dict[str, float]) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from mlharness.records.run_record import RunRecord
-
     with open_store(args) as store:
-        data = store.get_run(args.run_id)  # the stored dict: --json prints every field, known or not
+        record = store.get_record(args.run_id)
     if args.json:
-        print(json.dumps(data, indent=2))
+        # Every field, known or not (to_dict puts `extra` back), in the stored JSON's sorted key order.
+        print(json.dumps(record.to_dict(), indent=2, sort_keys=True))
     else:
-        record = RunRecord.from_dict(data)
         print(describe(record, record.figures()))
     return 0
 
@@ -210,11 +208,9 @@ _REPORTED = {"Offline": ("samples_per_second", "Samples/s", 1.0),
 def export_rows(store: Any, flt: Any, all_figures: bool = False) -> list[dict[str, Any]]:
     """One dict per stored run, newest first: its index columns, headline figure, accuracy values
     (`accuracy.<name>`) and, with all_figures, every figure by name. Keys are the same for every row."""
-    from mlharness.records.run_record import RunRecord
-
     runs = []
     for row in store.list_runs(flt):
-        record = RunRecord.from_dict(store.get_run(row["run_id"]))
+        record = store.record_of(row)
         base = {c: row[c] for c in EXPORT_COLUMNS if c in row.keys()}
         base.update(kind=record.kind, loadgen_result=record.loadgen_result, accuracy_verdict=record.accuracy_verdict)
         figures = record.figures()
@@ -228,11 +224,8 @@ def summary_rows(store: Any, flt: Any) -> list[dict[str, Any]]:
     performance run's figure (as MLPerf reports it) and the newest ok accuracy run's accuracy."""
     from dataclasses import replace
 
-    from mlharness.records.run_record import RunRecord
-
     groups: dict[tuple, dict[str, Any]] = {}
-    for data in store.records(replace(flt, status="ok")):  # newest first
-        record = RunRecord.from_dict(data)
+    for record in store.run_records(replace(flt, status="ok")):  # newest first
         if not record.is_loadgen or record.scenario not in _REPORTED:
             continue
         benchmark = (record.settings or {}).get("conf_model") or record.model_name

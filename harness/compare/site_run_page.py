@@ -2,7 +2,6 @@
 came from, LoadGen's summary, accuracy against the reference, cold start, profile, error and traceback."""
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from mlharness.compare.site_html import definitions, esc, figures_html, page, sl
 from mlharness.compare.site_plots import accuracy_reference_plot, figure_unit, shown_name
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
-from mlharness.records.run_record import BRICKS, RunRecord, migrate_record
+from mlharness.records.run_record import BRICKS, RunRecord
 from mlharness.tables import format_value
 
 
@@ -37,7 +36,7 @@ def load_site(store: Any) -> Site:
     runs, skipped = [], []
     for row in store.list_runs():
         try:
-            record = RunRecord.from_dict(migrate_record(json.loads(row["record_json"]), f"run {row['run_id']}"))
+            record = store.record_of(row)
         except (UserError, ValueError) as exc:
             skipped.append(f"{row['run_id']}: {exc}")
             continue

@@ -7,7 +7,7 @@ import secrets
 import types
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Mapping, Union, get_args, get_origin, get_type_hints
 
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
@@ -82,16 +82,23 @@ class RunRecord:
     compliance: dict[str, Any] | None = None
     bricks: dict[str, Any] | None = None  # kind BRICKS: estimate, lower bound, measured, every brick
     results_path: str = ""
+    # Keys this version does not know (written by a newer mlharness, or added by hand), kept so a
+    # record read and written back loses nothing: to_dict puts them back beside the known fields.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as run.json holds it: every field, then the unknown keys it was read with."""
+        data = asdict(self)
+        unknown = data.pop("extra")
+        # A known field wins over an unknown key of the same name (extra set by hand can hold one).
+        return data | {k: v for k, v in unknown.items() if k not in data}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunRecord":
-        # Keys this version does not know are dropped: a reader that writes a record back writes the
-        # dict it read (migrate_record keeps them), never a RunRecord's to_dict.
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+        """A record from its dict (to_dict's shape); keys this version does not know go to `extra`."""
+        known = _FIELDS - {"extra"}  # "extra" is never a key of run.json: a key of that name is unknown
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
 
     # ---- typed accessors: what readers need, without digging in the nested dicts --------------
 
@@ -204,6 +211,7 @@ class RunRecord:
         return cls.from_dict(read_record_file(path))
 
 
+_FIELDS = frozenset(f.name for f in fields(RunRecord))
 _REQUIRED = tuple(f.name for f in fields(RunRecord) if f.default is MISSING and f.default_factory is MISSING)
 
 
@@ -217,7 +225,7 @@ def _kind(hint: Any) -> type:
 # What each field of a record holds, from RunRecord's own annotations. Null is a part the run never
 # reached (readers take it as empty), but a `settings` that is a string would be stored and then break
 # every reader, so a value of another type is refused where the record is read.
-_KINDS = {name: _kind(hint) for name, hint in get_type_hints(RunRecord).items()}
+_KINDS = {name: _kind(hint) for name, hint in get_type_hints(RunRecord).items() if name != "extra"}
 _WORDS = {dict: "a mapping (a JSON object)", str: "a string", int: "an integer"}
 # Mappings inside the top-level ones that readers walk (settings layers, accuracy values, figures).
 _NESTED_MAPPINGS = (("settings", "harness"), ("settings", "loadgen"), ("settings", "origin"), ("accuracy", "values"),

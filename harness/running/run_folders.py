@@ -63,9 +63,8 @@ def finalize_abandoned(staging: Path, error: str) -> RunRecord | None:
     run_id = staging.name[len(STAGING_PREFIX):]
     target = staging.with_name(f"failed-{run_id}")
     try:
-        data = json.loads((staging / "run.json").read_text())
-        record = RunRecord.from_dict(data)
-    except (OSError, ValueError, TypeError, AttributeError):  # AttributeError: JSON that is not an object
+        record = RunRecord.load(staging / "run.json")
+    except UserError:  # missing, truncated or not a record: the folder is closed with an ERROR.txt instead
         record = None
     try:
         os.replace(staging, target)
@@ -106,7 +105,7 @@ def store_record(record: RunRecord, db_path: Path | None = None) -> None:
     try:
         if db_path is not None:
             with result_store.ResultStore(db_path) as store:
-                store.add_run(record.to_dict())
+                store.add_run(record)
         else:
             result_store.record_run(Path(record_results_dir(record)), record)
     except (UserError, sqlite3.Error) as exc:

@@ -240,10 +240,13 @@ class ResultStore:
 
     # ---- runs ---------------------------------------------------------------------------------
 
-    def add_run(self, record: RunRecord | Mapping[str, Any]) -> None:
-        """Insert or update one run record (a RunRecord or its dict, migrated first); its sweep columns
-        are kept. A dict is stored as given (fields this version does not know included)."""
-        data = record.to_dict() if isinstance(record, RunRecord) else migrate_record(dict(record), "run record")
+    def add_run(self, record: RunRecord) -> None:
+        """Insert or update one run record, checked and migrated first as a record read from a file is
+        (a record built by hand can hold an old version or a wrong shape); its sweep columns are kept.
+        Its unknown keys (`extra`) are stored with it."""
+        if not isinstance(record, RunRecord):  # the dict form is gone: a caller still passing one is a bug
+            raise TypeError(f"add_run takes a RunRecord, got {type(record).__name__}")
+        data = migrate_record(record.to_dict(), "run record")
         run = RunRecord.from_dict(data)
         metric_name, metric_value = run.headline()
         batch, threads = _batch_and_threads(run)
@@ -333,9 +336,9 @@ class ResultStore:
     def count_brick_measurements(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM brick_measurements").fetchone()[0])
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        """The full record dict of a run by id or a unique id prefix, migrated to this version (fields
-        it does not know kept, so it can be written back); get_record for the RunRecord."""
+    def get_record(self, run_id: str) -> RunRecord:
+        """The record of a run by id or a unique id prefix, migrated to this version (unknown keys in
+        its `extra`, so it can be written back whole)."""
         rows = self.conn.execute("SELECT run_id, record_json FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' "
                                  "ORDER BY run_id LIMIT 3", (run_id, _like_prefix(run_id))).fetchall()
         exact = [r for r in rows if r["run_id"] == run_id]
@@ -346,14 +349,12 @@ class ResultStore:
         if len(rows) > 1:
             raise UserError(f"{self.path}: run id prefix {run_id!r} is ambiguous "
                             f"({', '.join(r['run_id'] for r in rows)}, ...)")
-        return self._stored(rows[0])
+        return self.record_of(rows[0])
 
-    def get_record(self, run_id: str) -> RunRecord:
-        """The RunRecord of a run by id or a unique id prefix."""
-        return RunRecord.from_dict(self.get_run(run_id))
-
-    def _stored(self, row: sqlite3.Row) -> dict[str, Any]:
-        return migrate_record(json.loads(row["record_json"]), f"{self.path}: run {row['run_id']}")
+    def record_of(self, row: sqlite3.Row) -> RunRecord:
+        """The record of one index row (list_runs'), migrated; a UserError naming the run when this
+        mlharness cannot read it, so a reader of many runs can skip it with the reason."""
+        return RunRecord.from_json_dict(json.loads(row["record_json"]), f"{self.path}: run {row['run_id']}")
 
     def list_runs(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[sqlite3.Row]:
         """Index rows, newest first."""
@@ -363,13 +364,9 @@ class ResultStore:
             sql += f" LIMIT {int(limit)}"
         return self.conn.execute(sql, params).fetchall()
 
-    def records(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[dict[str, Any]]:
-        """Full record dicts of the matching runs, newest first, each migrated as get_run's."""
-        return [self._stored(row) for row in self.list_runs(flt, limit)]
-
     def run_records(self, flt: RunFilter = RunFilter(), limit: int | None = None) -> list[RunRecord]:
-        """RunRecords of the matching runs, newest first."""
-        return [RunRecord.from_dict(data) for data in self.records(flt, limit)]
+        """Records of the matching runs, newest first, each migrated as get_record's."""
+        return [self.record_of(row) for row in self.list_runs(flt, limit)]
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         rows = self.conn.execute("SELECT name, value FROM run_metrics WHERE run_id = ?", (run_id,))
@@ -442,11 +439,10 @@ def _like_prefix(prefix: str) -> str:
     return escaped + "%"
 
 
-def record_run(results_dir: Path, record: Any) -> None:
-    """Store a finished run (ok or failed); called by the runner after every run."""
-    data = record.to_dict() if hasattr(record, "to_dict") else dict(record)
+def record_run(results_dir: Path, record: RunRecord) -> None:
+    """Store a finished run (ok or failed) in its results directory's database."""
     with ResultStore(default_db_path(results_dir)) as store:
-        store.add_run(data)
+        store.add_run(record)
 
 
 def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
@@ -455,29 +451,23 @@ def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
     records = load_run_files(paths)
     for record in records:
         store.add_run(record)
-    return [record["run_id"] for record in records]
+    return [record.run_id for record in records]
 
 
-def load_run_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
+def load_run_files(paths: Iterable[Path]) -> list[RunRecord]:
     """The records of run.json files (or of every run.json below a folder), each read and checked."""
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, RunRecord] = {}
     for path in paths:
         files = sorted(Path(path).rglob("run.json")) if Path(path).is_dir() else [Path(path)]
         for file in files:
-            record = load_record_file(file)
+            record = RunRecord.load(file)
             # A scenario's view holds a link to its chosen run's own run.json: one run, stored once.
-            records.setdefault(record["run_id"], record)
+            records.setdefault(record.run_id, record)
     return list(records.values())
 
 
 def store_record_file(store: ResultStore, path: Path) -> str:
-    record = load_record_file(path)
+    """Add one run.json to the database; returns its run id."""
+    record = RunRecord.load(path)
     store.add_run(record)
-    return record["run_id"]
-
-
-def load_record_file(path: Path) -> dict[str, Any]:
-    """One run.json as a dict, checked and migrated to this mlharness's schema as RunRecord.load does."""
-    from mlharness.records.run_record import read_record_file
-
-    return read_record_file(path)
+    return record.run_id

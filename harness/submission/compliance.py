@@ -19,12 +19,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from mlharness.atomic_io import move_file, write_json, write_text
 from mlharness.errors import UserError
 from mlharness.records.loadgen_logs import detail_values
-from mlharness.records.run_record import read_record_file
+from mlharness.records.run_record import RunRecord
 from mlharness.submission.rules import COMPLIANCE, ComplianceRule
 
 # The submission run's figure each scenario is judged by, as named in the detail log.
@@ -245,31 +245,34 @@ def run_compliance(request: Any, tests: list[str], run_dir: Path) -> dict[str, A
 
 
 def record_outcomes(run_dir: Path, outcomes: dict[str, Any],
-                    record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                    record: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Attach the outcomes to the performance run's record (default: the run.json in `run_dir` when it
     is a performance run): in that run's run.json and in the results database; then the scenario's
-    view is rebuilt so it shows the audits of the run it shows."""
+    view is rebuilt so it shows the audits of the run it shows. `record` and the result are the
+    record's dict, the form a submission session keeps its steps in."""
     from mlharness.records.results import rebuild_view
 
     run_json = run_dir / "run.json"
-    current = read_record_file(run_json) if run_json.is_file() else None
+    current = RunRecord.load(run_json) if run_json.is_file() else None
     if record is None:
-        if not current or current.get("mode") not in ("performance", "submission"):
+        if not current or current.mode not in ("performance", "submission"):
             return None
-        record = current
-    record["compliance"] = (record.get("compliance") or {}) | outcomes
-    if current and current.get("run_id") == record["run_id"]:
-        write_json(run_json, record)
+        audited = current
+    else:
+        audited = RunRecord.from_json_dict(dict(record), "the audited run's record")
+    audited.compliance = (audited.compliance or {}) | outcomes
+    if current and current.run_id == audited.run_id:
+        write_json(run_json, audited.to_dict())
     rebuild_view(_scenario_root(run_dir))
     try:
         from mlharness.store import result_store
     except ImportError:
-        return record
+        return audited.to_dict()
     db = result_store.default_db_path(_scenario_root(run_dir).parent.parent.parent)
     if db.exists():
         with result_store.ResultStore(db) as store:
-            store.add_run(record)
-    return record
+            store.add_run(audited)
+    return audited.to_dict()
 
 
 def format_outcomes(outcomes: dict[str, Any]) -> str:

@@ -183,7 +183,9 @@ def sweep_rows(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
         record = None
         if cell_row["run_id"]:
             try:
-                record = store.get_run(cell_row["run_id"])
+                # Still the record's dict (to_dict, unknown keys included): compare/site.py and
+                # site_plots.py read rows' records as dicts until they move to RunRecord.
+                record = store.get_record(cell_row["run_id"]).to_dict()
             except UserError:
                 record = None
         rows.append({"cell": Cell.from_params(json.loads(cell_row["params_json"])), "row": cell_row,
