@@ -62,13 +62,13 @@ def _print_report(report, base: Path) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from mlharness.submission.session import SessionOptions, run_session
+    from mlharness.submission.session import run_session, session_options
 
     fields = request_fields(args)
-    options = SessionOptions(
-        model=args.model, scenarios=_split(args.scenarios), division=args.division,
-        compliance=_split([args.compliance]) if args.compliance is not None else None,
-        **{name: fields[name] for name in SESSION_REQUEST_FIELDS}, restart=args.restart, redo=_split(args.redo))
+    options = session_options(
+        {name: fields[name] for name in SESSION_REQUEST_FIELDS} | {"model": args.model}, _split(args.scenarios),
+        division=args.division, compliance=tuple(_split([args.compliance])) if args.compliance is not None else None,
+        restart=args.restart, redo=tuple(_split(args.redo)))
     return run_session(options)
 
 

@@ -138,6 +138,47 @@ def trial_request(base: RunRequest, overrides: list[str]) -> RunRequest:
     return replace(request, command=command_line(request))
 
 
+class _Trials:
+    """Runs one configuration for a search: `repeats` times (its best run counts), kept in the search's
+    trials and said in one line. Called as trial(settings, runs=..., phase=...)."""
+
+    def __init__(self, base: RunRequest, search: Search, figure: str, run_trial: Callable[[RunRequest], Any],
+                 say: Callable[[str], None], repeats: int):
+        self.base, self.search, self.figure = base, search, figure
+        self.run_trial, self.say, self.repeats = run_trial, say, repeats
+        self.target_qps: float | None = None  # Offline: the best rate yet, which sizes a trial's one query
+
+    def __call__(self, settings: dict[str, Any], runs: int | None = None, phase: str = "search") -> Trial:
+        overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
+        if self.base.scenario == "Offline" and self.target_qps:
+            overrides.append(f"target_qps={self.target_qps:.6g}")  # sizes the Offline query to the trial's length
+        started = time.monotonic()
+        attempts: list[Trial] = []
+        for _ in range(max(1, self.repeats if runs is None else runs)):
+            attempts.append(self._attempt(settings, overrides))
+            if attempts[-1].value is None:
+                break  # a configuration that fails does not get better by trying again
+        done = self.search.top(attempts) or attempts[0]
+        done.seconds, done.phase = time.monotonic() - started, phase
+        if self.base.scenario == "Offline" and done.value:
+            self.target_qps = max(self.target_qps or 0.0, done.value)
+        self.search.trials.append(done)
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
+        self.say(f"  trial {len(self.search.trials)}{' (confirm)' if phase == 'confirm' else ''}: {shown or 'defaults'} "
+                 "-> " + (f"{done.value:,.4g} {self.figure}" if done.value is not None else f"{done.status}: {done.error}"))
+        return done
+
+    def _attempt(self, settings: dict[str, Any], overrides: list[str]) -> Trial:
+        try:
+            record = self.run_trial(trial_request(self.base, overrides))
+        except UserError as exc:
+            return Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
+                         str(exc).splitlines()[0])  # whole: a cut would lose the end of a long path
+        value = (record.performance or {}).get(self.figure)
+        return Trial(dict(settings), float(value) if value is not None else None, record.run_id,
+                     "ok" if value is not None else "no figure")
+
+
 def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
                run_trial: Callable[[RunRequest], Any], say: Callable[[str], None] = print,
                repeats: int = 1) -> Search:
@@ -148,66 +189,15 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
         raise UserError(f"--scenario {base.scenario}: tune searches {', '.join(TUNABLE_SCENARIOS)}")
     figure, higher = OBJECTIVE[base.scenario]
     search = Search(base.scenario, f"{base.scenario.lower()}.{figure}", higher)
+    trial = _Trials(base, search, figure, run_trial, say, repeats)
     current = dict(start)
-    target_qps: float | None = None
-
-    def trial(settings: dict[str, Any], runs: int = repeats, phase: str = "search") -> Trial:
-        nonlocal target_qps
-        overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
-        if base.scenario == "Offline" and target_qps:
-            overrides.append(f"target_qps={target_qps:.6g}")  # sizes the Offline query to the trial's length
-        started = time.monotonic()
-        attempts: list[Trial] = []
-        for _ in range(max(1, runs)):
-            try:
-                record = run_trial(trial_request(base, overrides))
-            except UserError as exc:
-                attempt = Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
-                                str(exc).splitlines()[0])  # whole: a cut would lose the end of a long path
-            else:
-                value = (record.performance or {}).get(figure)
-                attempt = Trial(dict(settings), float(value) if value is not None else None, record.run_id,
-                                "ok" if value is not None else "no figure")
-            attempts.append(attempt)
-            if attempt.value is None:
-                break  # a configuration that fails does not get better by trying again
-        done = search.top(attempts) or attempts[0]
-        done.seconds, done.phase = time.monotonic() - started, phase
-        if base.scenario == "Offline" and done.value:
-            target_qps = max(target_qps or 0.0, done.value)
-        search.trials.append(done)
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
-        say(f"  trial {len(search.trials)}{' (confirm)' if phase == 'confirm' else ''}: {shown or 'defaults'} -> "
-            + (f"{done.value:,.4g} {figure}" if done.value is not None else f"{done.status}: {done.error}"))
-        return done
-
     search.best = search.start = trial(current)
     if search.best.value is None:
         raise UserError(f"tune: the starting configuration failed: {search.best.error}")
     tried = {json.dumps(current, sort_keys=True)}
     searched = dimensions(base.scenario, backend, cpus, start)
     for key, values, ordered in searched:
-        # An ordered dimension is walked outward from the current value, a step down and a step up in
-        # turn, each direction ending on a plateau: from batch 8 the neighbours 4 and 16 come first
-        # (walking up from 1 ended at 2 before 4 was ever tried). An unordered one tries every value.
-        directions = outward(values, current.get(key)) if ordered else [list(values)]
-        misses = [0] * len(directions)
-        while any(directions):
-            for way, queue in enumerate(directions):
-                if not queue:
-                    continue
-                candidate = dict(current, **{key: queue.pop(0)})
-                fingerprint = json.dumps(candidate, sort_keys=True)
-                if fingerprint in tried:
-                    continue
-                tried.add(fingerprint)
-                result = trial(candidate)
-                if search.better(result.value, search.best.value):
-                    search.best, current, misses[way] = result, candidate, 0
-                else:
-                    misses[way] += 1
-                    if ordered and misses[way] >= PLATEAU:
-                        queue.clear()
+        current = walk_dimension(search, trial, key, values, ordered, current, tried)
     # Confirmed even when the search ends where it began: a near-equal of the start, or its batch-size
     # neighbour, may be ahead by less than one short trial can show (mobilenet-v2's batch 4 against
     # the manifest's 8, docs/tuning.md).
@@ -216,6 +206,35 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     if len(contenders) > 1:
         confirm(search, contenders, trial, max(CONFIRM_ROUNDS, repeats))
     return search
+
+
+def walk_dimension(search: Search, trial: Callable[[dict[str, Any]], Trial], key: str, values: list[Any],
+                   ordered: bool, current: dict[str, Any], tried: set[str]) -> dict[str, Any]:
+    """Try one dimension's values with the best of the others (`current`); returns the best configuration
+    after it. An ordered dimension is walked outward from the current value, a step down and a step up in
+    turn, each direction ending on a plateau: from batch 8 the neighbours 4 and 16 come first (walking up
+    from 1 ended at 2 before 4 was ever tried). An unordered one tries every value. `tried` holds the
+    configurations run so far (JSON), which are not run again."""
+    assert search.best is not None
+    directions = outward(values, current.get(key)) if ordered else [list(values)]
+    misses = [0] * len(directions)
+    while any(directions):
+        for way, queue in enumerate(directions):
+            if not queue:
+                continue
+            candidate = dict(current, **{key: queue.pop(0)})
+            fingerprint = json.dumps(candidate, sort_keys=True)
+            if fingerprint in tried:
+                continue
+            tried.add(fingerprint)
+            result = trial(candidate)
+            if search.better(result.value, search.best.value):
+                search.best, current, misses[way] = result, candidate, 0
+            else:
+                misses[way] += 1
+                if ordered and misses[way] >= PLATEAU:
+                    queue.clear()
+    return current
 
 
 def batch_neighbours(search: Search, batches: list[int]) -> list[dict[str, Any]]:

@@ -1,0 +1,46 @@
+"""`mlharness submission run`'s options carry one RunRequest (mlharness.submission.session.SessionOptions):
+each run-request flag the command takes reaches every step's run, none copied by hand and none dropped."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mlharness.cli import build_parser
+from mlharness.commands.submission import SESSION_FLAGS
+from mlharness.errors import UserError
+from mlharness.running.arguments import FLAGS
+from mlharness.running.request import RunRequest
+from mlharness.submission import session
+
+
+def _options(monkeypatch: pytest.MonkeyPatch, *argv: str) -> session.SessionOptions:
+    """The options `submission run ARGV` would run with (its cmd_run, less the running)."""
+    captured: list[session.SessionOptions] = []
+    monkeypatch.setattr(session, "run_session", lambda options: captured.append(options) or 0)
+    args = build_parser().parse_args(["submission", "run", *argv])
+    assert args.func(args) == 0
+    return captured[0]
+
+
+def test_every_session_flag_reaches_the_steps_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "user.conf"
+    options = _options(monkeypatch, "--model", "null", "--scenarios", "Offline,Server", "--results-dir", str(tmp_path),
+                       "--backend", "onnxruntime", "--dataset", "synthetic", "--hardware", "cpu-pinned",
+                       "--user-conf", str(conf), "--set", "workers=2", "--preset", "fast", "--quick", "--quiet",
+                       "--division", "closed", "--redo", "Offline")
+    expected = RunRequest(model="null", scenario="Offline", results_dir=tmp_path, backend="onnxruntime",
+                          dataset="synthetic", hardware="cpu-pinned", user_conf=conf, overrides=("workers=2",),
+                          presets=("fast",), quick=True, quiet=True)
+    assert options.request == expected
+    default = RunRequest(model="null", scenario="Offline")
+    assert all(getattr(options.request, FLAGS[flag].field) != getattr(default, FLAGS[flag].field)
+               for flag in SESSION_FLAGS)  # every flag was set above, and kept
+    step = session._request(options, "Server", "cmd")
+    assert step == RunRequest(**{**expected.__dict__, "scenario": "Server", "command": "cmd"})
+    assert (options.scenarios, options.division, options.redo) == (("Offline", "Server"), "closed", ("Offline",))
+
+
+def test_a_wrong_scenario_is_named_as_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UserError, match=r"^--scenarios: expected names from .*, got 'Offlin'$"):
+        _options(monkeypatch, "--model", "null", "--scenarios", "Offlin")
