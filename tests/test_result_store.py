@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlharness.errors import UserError
-from mlharness.store.result_store import (
-    DB_ENV,
-    SCHEMA_VERSION,
-    ResultStore,
-    schema_version,
-)
+from mlharness.store.result_store import DB_ENV, ResultStore
+from mlharness.store.schema import SCHEMA_VERSION, schema_version
 from tests.support import newest_run, run_cli, write_manifest
 
 # The first schema exactly as version 1 shipped it, kept here so the test does not depend on the

@@ -15,21 +15,17 @@ import pytest
 
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
-from mlharness.store import result_store
+from mlharness.store import schema
 from mlharness.store.result_store import (
     DB_ENV,
-    SCHEMA_VERSION,
     ResultStore,
     RunFilter,
     default_db_path,
-    import_run_files,
-    load_run_files,
-    migrate,
     record_run,
     resolve_db_path,
-    schema_version,
-    store_record_file,
 )
+from mlharness.store.run_files import import_run_files, load_run_files, store_record_file
+from mlharness.store.schema import SCHEMA_VERSION, migrate, schema_version
 from tests.support import newest_run, run_cli
 from tests.test_result_store import V1_DDL
 
@@ -410,13 +406,13 @@ def test_a_failed_migration_step_changes_nothing(real: dict, tmp_path: Path,
     path = tmp_path / "v1.sqlite"
     _v1_database(path, [("good", json.dumps(make(real, "good")))])
 
-    first, second, *later = result_store.MIGRATIONS
+    first, second, *later = schema.MIGRATIONS
 
     def half_then_fail(conn: sqlite3.Connection) -> None:
         second(conn)  # the whole step's work, then a failure before it is committed
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(result_store, "MIGRATIONS", [first, half_then_fail, *later])
+    monkeypatch.setattr(schema, "MIGRATIONS", [first, half_then_fail, *later])
     with pytest.raises(RuntimeError, match="disk on fire"):
         ResultStore(path)
     monkeypatch.undo()

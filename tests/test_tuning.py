@@ -463,7 +463,7 @@ def test_a_runs_process_reads_the_database_without_writing_it(tmp_path: Path) ->
     leaves an older file for the next writer to migrate."""
     import sqlite3
 
-    from mlharness.store.result_store import SCHEMA_VERSION, schema_version
+    from mlharness.store.schema import SCHEMA_VERSION, schema_version
 
     assert ResultStore.reading(tmp_path / "none.sqlite") is None
     path = tmp_path / "db.sqlite"

@@ -163,7 +163,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from mlharness.store.result_store import load_run_files
+    from mlharness.store.run_files import load_run_files
 
     records = load_run_files([Path(p) for p in args.paths])  # every file checked before anything is stored
     with open_store(args, create=True) as store:

@@ -1,8 +1,9 @@
 """The results database: every run's record in one SQLite file (results/mlharness.sqlite by default).
 
 The full run.json is stored as JSON beside indexed columns for queries, and its numeric figures in
-`run_metrics`. The schema version is SQLite's `user_version`; older files are migrated forward
-one step at a time inside a transaction, newer files are refused rather than guessed at."""
+`run_metrics`; callers give and get RunRecords. Opening a file migrates it to this version
+(mlharness.store.schema: the SQL of each version, the stepwise migrations); run.json files are
+imported by mlharness.store.run_files."""
 from __future__ import annotations
 
 import json
@@ -10,122 +11,14 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord, migrate_record
+from mlharness.store.schema import SCHEMA_VERSION, migrate, schema_version
 
 DB_FILENAME = "mlharness.sqlite"
 DB_ENV = "MLHARNESS_DB"
-
-# Version 1: runs, their figures, and a key/value table.
-_V1 = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE runs (
-  run_id TEXT PRIMARY KEY,
-  started_at TEXT, finished_at TEXT,
-  status TEXT NOT NULL, error TEXT,
-  model TEXT, model_version TEXT, model_sha256 TEXT,
-  dataset TEXT, dataset_sha256 TEXT,
-  backend TEXT, scenario TEXT, mode TEXT,
-  system_name TEXT, results_path TEXT,
-  metric_name TEXT, metric_value REAL, result_valid INTEGER,
-  record_schema_version INTEGER,
-  record_json TEXT NOT NULL
-);
-CREATE INDEX runs_lookup ON runs (model, scenario, backend, status, started_at);
-CREATE TABLE run_metrics (
-  run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-  name TEXT NOT NULL, value REAL NOT NULL,
-  PRIMARY KEY (run_id, name)
-);
-"""
-
-# Version 2: sweeps. Runs gain the sweep cell they ran for and their batch size and thread count
-# (backfilled from the stored JSON), so sweep tables and plots need no JSON parsing.
-_V2 = """
-ALTER TABLE runs ADD COLUMN sweep_id TEXT;
-ALTER TABLE runs ADD COLUMN cell_key TEXT;
-ALTER TABLE runs ADD COLUMN repeat_index INTEGER;
-ALTER TABLE runs ADD COLUMN batch_size INTEGER;
-ALTER TABLE runs ADD COLUMN threads INTEGER;
-CREATE INDEX runs_sweep ON runs (sweep_id, cell_key);
-CREATE TABLE sweeps (
-  sweep_id TEXT PRIMARY KEY, name TEXT, grid_path TEXT, grid_json TEXT,
-  created_at TEXT, updated_at TEXT
-);
-CREATE TABLE sweep_cells (
-  sweep_id TEXT NOT NULL REFERENCES sweeps (sweep_id) ON DELETE CASCADE,
-  cell_key TEXT NOT NULL, repeat_index INTEGER NOT NULL,
-  params_json TEXT NOT NULL, status TEXT NOT NULL, run_id TEXT,
-  error TEXT, stderr TEXT, started_at TEXT, finished_at TEXT, seconds REAL,
-  PRIMARY KEY (sweep_id, cell_key, repeat_index)
-);
-"""
-
-
-# Version 3: brick measurements (mlharness.bricks). One row per brick key, fingerprint (the system and
-# runtime it was measured on) and variant (threads, optimization level, execution provider), so a later
-# model or invocation on the same fingerprint reuses it instead of measuring it again.
-_V3 = """
-CREATE TABLE brick_measurements (
-  brick_key TEXT NOT NULL, fingerprint TEXT NOT NULL, variant TEXT NOT NULL,
-  op_type TEXT, label TEXT, descriptor_json TEXT,
-  median_ms REAL NOT NULL, ci_low_ms REAL, ci_high_ms REAL, repeats INTEGER, stable INTEGER, seconds REAL,
-  run_id TEXT, measured_at TEXT,
-  PRIMARY KEY (brick_key, fingerprint, variant)
-);
-"""
-
-
-# Version 4: tuned configurations (`mlharness tune`): the best settings found for a model manifest on
-# a system, backend and software, per scenario; a later run there starts from them (settings layer
-# "tuned"), and the search's trials are kept as JSON beside them.
-_V4 = """
-CREATE TABLE tuned_configs (
-  model TEXT NOT NULL, model_sha256 TEXT NOT NULL, system_name TEXT NOT NULL, backend TEXT NOT NULL,
-  software TEXT NOT NULL, scenario TEXT NOT NULL,
-  settings_json TEXT NOT NULL, figure_name TEXT, figure_value REAL, trials_json TEXT,
-  tuning_id TEXT, created_at TEXT,
-  PRIMARY KEY (model_sha256, system_name, backend, software, scenario)
-);
-"""
-
-
-def _batch_and_threads(record: RunRecord) -> tuple[int | None, int | None]:
-    return record.batch_size, record.threads
-
-
-def _as_record(data: Mapping[str, Any], where: str) -> RunRecord:
-    """A stored or given record dict as a RunRecord, migrated (migrate_record)."""
-    return RunRecord.from_json_dict(dict(data), where)
-
-
-def _run_script(conn: sqlite3.Connection, script: str) -> None:
-    """Statement by statement: executescript() would commit the migration's open transaction."""
-    for statement in script.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-
-
-def _migrate_v2(conn: sqlite3.Connection) -> None:
-    _run_script(conn, _V2)
-    for run_id, text in conn.execute("SELECT run_id, record_json FROM runs").fetchall():
-        try:
-            batch, threads = _batch_and_threads(_as_record(json.loads(text), f"run {run_id}"))
-        except UserError:  # a record this mlharness cannot read keeps empty columns, not a failed migration
-            batch, threads = None, None
-        conn.execute("UPDATE runs SET batch_size = ?, threads = ? WHERE run_id = ?", (batch, threads, run_id))
-
-
-# MIGRATIONS[n] takes a version-n database to version n+1; version 0 is an empty file.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    lambda conn: _run_script(conn, _V1),
-    _migrate_v2,
-    lambda conn: _run_script(conn, _V3),
-    lambda conn: _run_script(conn, _V4),
-]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def default_db_path(results_dir: Path | str) -> Path:
@@ -136,30 +29,6 @@ def default_db_path(results_dir: Path | str) -> Path:
 
 def resolve_db_path(db: str | Path | None, results_dir: Path | str) -> Path:
     return Path(db) if db else default_db_path(results_dir)
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def migrate(conn: sqlite3.Connection, path: Path, target: int = SCHEMA_VERSION) -> int:
-    """Bring the database up to `target`, one transaction per step; refuse a newer file."""
-    version = schema_version(conn)
-    if version > SCHEMA_VERSION:
-        raise UserError(f"{path}: results database schema version {version} is newer than this mlharness "
-                        f"supports ({SCHEMA_VERSION}); upgrade mlharness or pass another --db")
-    while version < target:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if schema_version(conn) == version:  # another process may have migrated it meanwhile
-                MIGRATIONS[version](conn)
-                conn.execute(f"PRAGMA user_version = {version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        version = schema_version(conn)
-    return version
 
 
 @dataclass(frozen=True)
@@ -249,7 +118,7 @@ class ResultStore:
         data = migrate_record(record.to_dict(), "run record")
         run = RunRecord.from_dict(data)
         metric_name, metric_value = run.headline()
-        batch, threads = _batch_and_threads(run)
+        batch, threads = run.batch_size, run.threads
         row = {
             "run_id": run.run_id, "started_at": run.started_at, "finished_at": run.finished_at,
             "status": run.status or "unknown", "error": run.error, "model": run.model_name,
@@ -443,31 +312,3 @@ def record_run(results_dir: Path, record: RunRecord) -> None:
     """Store a finished run (ok or failed) in its results directory's database."""
     with ResultStore(default_db_path(results_dir)) as store:
         store.add_run(record)
-
-
-def import_run_files(store: ResultStore, paths: Iterable[Path]) -> list[str]:
-    """Add run.json files (or every run.json below a folder) to the database; returns their ids.
-    Every file is read and checked first, so one bad file stores nothing."""
-    records = load_run_files(paths)
-    for record in records:
-        store.add_run(record)
-    return [record.run_id for record in records]
-
-
-def load_run_files(paths: Iterable[Path]) -> list[RunRecord]:
-    """The records of run.json files (or of every run.json below a folder), each read and checked."""
-    records: dict[str, RunRecord] = {}
-    for path in paths:
-        files = sorted(Path(path).rglob("run.json")) if Path(path).is_dir() else [Path(path)]
-        for file in files:
-            record = RunRecord.load(file)
-            # A scenario's view holds a link to its chosen run's own run.json: one run, stored once.
-            records.setdefault(record.run_id, record)
-    return list(records.values())
-
-
-def store_record_file(store: ResultStore, path: Path) -> str:
-    """Add one run.json to the database; returns its run id."""
-    record = RunRecord.load(path)
-    store.add_run(record)
-    return record.run_id
