@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mlharness.atomic_io import write_bytes, write_text
-from mlharness.compare.report import Plot, accuracy_plots, bricks_plots, bricks_table, latency_plots, profile_plots
+from mlharness.compare.report import bricks_table
+from mlharness.compare.report_plots import Plot, accuracy_plots, bricks_plots, latency_plots, profile_plots
 from mlharness.compare.site_html import definitions, esc, figures_html, page, slug, status_badge, table
 from mlharness.compare.site_plots import accuracy_reference_plot, figure_unit, shown_name
 from mlharness.errors import UserError
@@ -199,10 +200,9 @@ def _error_section(root: Path, run: SiteRun) -> str:
     return "".join(parts)
 
 
-def write_run_page(root: Path, run: SiteRun, previous: SiteRun | None) -> None:
+def _run_summary(run: SiteRun, previous: SiteRun | None) -> str:
+    """The run's identity, command and folder, with links to its sweep and to the previous run."""
     record = run.record
-    folder = Path(run.folder).name
-    sections: list[tuple[str, str]] = []
     links = []
     if run.sweep_id:
         links.append(f"sweep <a href='../sweeps/{esc(slug(run.sweep_id))}.html'>{esc(run.sweep_id)}</a>")
@@ -218,7 +218,28 @@ def write_run_page(root: Path, run: SiteRun, previous: SiteRun | None) -> None:
                ("results folder", f"<code>{esc(record.results_path)}</code>")]
     if links:
         summary.append(("see also", " · ".join(links)))
-    sections.append(("Run", definitions(summary)))
+    return definitions(summary)
+
+
+def _figures_table(figures: dict[str, float]) -> str:
+    """Every figure in its shown unit, with which way is better."""
+    return table(("figure", "value", "unit", "better"),
+                 [(shown_name(n), v * figure_unit(n)[1], figure_unit(n)[0] or "-",
+                   "higher" if record_metrics.higher_is_better(n) else "lower") for n, v in sorted(figures.items())])
+
+
+def _manifests_section(record: RunRecord) -> str:
+    """The manifests the run named, the package versions and the system it ran on."""
+    software = ", ".join(f"{k} {v}" for k, v in record.software_versions.items()) or "-"
+    system = ", ".join(f"{k}={v}" for k, v in record.system_description.items() if k != "hostname")
+    return (table(("manifest", "name", "version", "sha256 (first 16)"), _manifest_rows(record))
+            + definitions([("software", esc(software)), ("system", esc(system))]))
+
+
+def write_run_page(root: Path, run: SiteRun, previous: SiteRun | None) -> None:
+    record = run.record
+    folder = Path(run.folder).name
+    sections: list[tuple[str, str]] = [("Run", _run_summary(run, previous))]
     error = _error_section(root, run)
     if error:
         sections.append(("Error", error))
@@ -253,15 +274,8 @@ def write_run_page(root: Path, run: SiteRun, previous: SiteRun | None) -> None:
         plots_for += p_plots
         sections.append(("Profile", profile + figures_html(p_plots, folder)))
     if run.figures:
-        sections.append(("Figures", table(("figure", "value", "unit", "better"),
-                                           [(shown_name(n), v * figure_unit(n)[1], figure_unit(n)[0] or "-",
-                                             "higher" if record_metrics.higher_is_better(n) else "lower")
-                                            for n, v in sorted(run.figures.items())])))
-    sections.append(("Manifests", table(("manifest", "name", "version", "sha256 (first 16)"), _manifest_rows(record))
-                     + definitions([("software", esc(", ".join(f"{k} {v}" for k, v in
-                                                                record.software_versions.items()) or "-")),
-                                     ("system", esc(", ".join(f"{k}={v}" for k, v in record.system_description.items()
-                                                             if k != "hostname")))])))
+        sections.append(("Figures", _figures_table(run.figures)))
+    sections.append(("Manifests", _manifests_section(record)))
     write_plots(root, run.folder, plots_for)
     body = "".join(f"<h2>{esc(h)}</h2>{b}" for h, b in sections)
     write_text(root / run.page, page(f"Run {record.run_id}", body, depth=1))
