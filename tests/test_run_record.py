@@ -130,6 +130,18 @@ def test_the_store_keeps_fields_this_version_does_not_know(runs: tuple[Path, dic
         assert record.to_dict() == perf | {"added_later": {"kept": True}}
 
 
+def test_results_show_json_prints_every_field_known_or_not(runs: tuple[Path, dict, dict], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`results show --json` prints the record's to_dict: the unknown keys it was stored with are there too."""
+    _, perf, _ = runs
+    db = tmp_path / "db.sqlite"
+    with ResultStore(db) as store:
+        store.add_run(RunRecord.from_dict(perf | {"added_later": {"kept": True}}))
+    capsys.readouterr()
+    assert run_cli("results", "show", perf["run_id"], "--json", "--db", db) == 0
+    assert json.loads(capsys.readouterr().out) == perf | {"added_later": {"kept": True}}
+
+
 def test_unknown_keys_round_trip_through_extra(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
     """from_dict puts every key it does not know in `extra` (a key named "extra" too), to_dict puts them back
     after the known fields; a known field wins over an unknown key of its name; shapes are checked only for
