@@ -15,6 +15,7 @@ from mlharness.records.run_record import (
     RUN_SCHEMA_VERSION,
     RunRecord,
     read_record_file,
+    read_saved_record,
 )
 from mlharness.store.result_store import ResultStore
 from mlharness.submission.runs import collect
@@ -140,6 +141,20 @@ def test_results_show_json_prints_every_field_known_or_not(runs: tuple[Path, dic
     capsys.readouterr()
     assert run_cli("results", "show", perf["run_id"], "--json", "--db", db) == 0
     assert json.loads(capsys.readouterr().out) == perf | {"added_later": {"kept": True}}
+
+
+def test_a_saved_record_is_read_and_other_json_left_alone(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    """What a gate's folder REF reads beside run.json: a saved record (checked and migrated), or None for a
+    file that is not JSON or holds something else; a saved record of a newer schema is refused, not skipped."""
+    _, perf, _ = runs
+    files = {"record.json": json.dumps(_as_version_1(perf)), "broken.json": "{", "list.json": "[1]",
+             "other.json": json.dumps({"run_id": 3, "scenario": "Offline"}), "newer.json": json.dumps(perf | {"schema_version": 99})}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert read_saved_record(tmp_path / "record.json") == RunRecord.from_dict(perf)
+    assert [read_saved_record(tmp_path / n) for n in ("broken.json", "list.json", "other.json", "gone.json")] == [None] * 4
+    with pytest.raises(UserError, match=r"newer.json: schema_version 99 is newer"):
+        read_saved_record(tmp_path / "newer.json")
 
 
 def test_unknown_keys_round_trip_through_extra(runs: tuple[Path, dict, dict], tmp_path: Path) -> None:

@@ -6,11 +6,10 @@ database with keys model, scenario, backend, mode, status (default ok), sweep, s
 many of the newest runs, default 1; more than one gives repeats for the noise-aware test)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mlharness.errors import UserError
-from mlharness.records.run_record import RunRecord
+from mlharness.records.run_record import RunRecord, read_saved_record
 from mlharness.store.result_store import ResultStore, RunFilter
 
 QUERY_KEYS = frozenset({"model", "scenario", "backend", "mode", "status", "sweep", "system", "n"})
@@ -21,15 +20,9 @@ def _records_below(folder: Path) -> list[RunRecord]:
     holds a run record (a saved `results show --json`); each checked and migrated by RunRecord."""
     found = []
     for path in sorted(folder.rglob("*.json")):
-        if path.name == "run.json":
-            found.append(RunRecord.load(path))
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("run_id"), str) and "scenario" in data:
-            found.append(RunRecord.from_json_dict(data, str(path)))
+        record = RunRecord.load(path) if path.name == "run.json" else read_saved_record(path)
+        if record is not None:
+            found.append(record)
     if not found:
         raise UserError(f"{folder}: no run records (run.json) below this folder")
     return found

@@ -278,6 +278,18 @@ def migrate_record(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+def read_saved_record(path: Path | str) -> RunRecord | None:
+    """A JSON file that may hold a run record (a saved `results show --json`): the record, checked and
+    migrated, or None when the file is not JSON or holds something else (no run id and scenario)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("run_id"), str) and "scenario" in data:
+        return RunRecord.from_json_dict(data, str(path))
+    return None
+
+
 def read_record_file(path: Path | str) -> dict[str, Any]:
     """A run.json file as a dict, checked and migrated (migrate_record)."""
     try:
