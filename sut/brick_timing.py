@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from mlharness.sut.backends.onnx_types import NUMPY_OF_ORT
 from mlharness.sut.bricks import Brick, weight_bytes
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def bound_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callable[[], 
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
     outputs = {}
     for info in session.get_outputs():
-        shape, dtype = tuple(info.shape), _ONNX_TO_NUMPY.get(info.type)
+        shape, dtype = tuple(info.shape), NUMPY_OF_ORT.get(info.type)
         if dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
             binding.bind_output(info.name)  # a type or shape not known ahead: ONNX Runtime allocates it per call
             continue
@@ -196,11 +197,6 @@ def bound_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callable[[], 
         return (lambda held=held: run(native_binding, options)), inputs, outputs
     return (lambda held=held: session.run_with_iobinding(binding, options)), inputs, outputs
 
-
-_ONNX_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                  "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int16)": np.int16,
-                  "tensor(uint16)": np.uint16, "tensor(int32)": np.int32, "tensor(uint32)": np.uint32,
-                  "tensor(int64)": np.int64, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_}
 
 
 def fresh_bound_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callable[[], Any], Callable[[], None]]:

@@ -17,12 +17,9 @@ from mlharness.errors import UserError
 from mlharness.specs.artifacts import cache_dir
 from mlharness.specs.manifests import HardwareManifest
 from mlharness.sut.backends.base import Backend, FrameworkProfile, OpEvent
+from mlharness.sut.backends.onnx_types import numpy_name
 from mlharness.sut.device_timing import DeviceTimed
 from mlharness.sut.graph_transforms import apply_transforms
-
-_NUMPY_OF_ORT = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-                 "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
-                 "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
 
 
 _ORT_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
@@ -215,7 +212,7 @@ class OnnxRuntimeBackend(DeviceTimed, Backend):
             if found is None:
                 raise UserError(f"{self.model.path}: inputs[{i}].name: expected one of the graph's inputs "
                                 f"{sorted(graph_inputs)}, got {spec.name!r}")
-            dtype = _NUMPY_OF_ORT.get(found.type)
+            dtype = numpy_name(found.type)
             if dtype and dtype != spec.element_type:
                 raise UserError(f"{self.model.path}: inputs[{i}].element_type: the graph expects {dtype}, "
                                 f"got {spec.element_type}")
