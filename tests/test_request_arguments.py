@@ -73,3 +73,20 @@ def test_a_tune_trial_records_the_run_that_repeats_it(tmp_path: Path) -> None:
     args = shlex.split(first.command)
     assert args[:3] == ["mlharness", "run", "null"] and "--no-tuned" in args and args[args.index("--timeout") + 1] == "99.0"
     assert request_of(build_parser().parse_args(args[1:])) == replace(first, command="")
+
+
+def test_the_environment_settings_a_request_carries_are_in_its_command(tmp_path: Path) -> None:
+    """A resolved request's MLHARNESS_SPECS/HANDOFF/ISSUE that are not the defaults come first in its
+    command as VAR=value, and `mlharness rerun` reads them back."""
+    from mlharness.commands.rerun import recorded_request
+    from mlharness.records.run_record import RunRecord
+
+    request = replace(_everything(tmp_path), specs_root=tmp_path / "my specs", handoff="python", issue_path="python",
+                      resolved=True)
+    line = command_line(request)
+    assert line.startswith(f"'MLHARNESS_SPECS={tmp_path}/my specs' MLHARNESS_HANDOFF=python MLHARNESS_ISSUE=python "
+                           "mlharness run null ")
+    record = RunRecord(run_id="r1", command=command_line(request, complete=True), model={}, dataset={}, backend="x",
+                       scenario="Server", mode="accuracy")
+    assert recorded_request(record) == replace(request, user_conf_text=None, resolved=False)
+    assert command_line(replace(request, specs_root=None, handoff="native", issue_path="native")).startswith("mlharness ")

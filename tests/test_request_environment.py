@@ -54,3 +54,15 @@ def test_the_run_takes_the_issue_path_from_its_request_not_its_environment(
     monkeypatch.setenv("MLHARNESS_ISSUE", "native")  # the run's process inherits this one
     record = run_request(request)
     assert record.loadgen["performance"]["sut"]["issue_path"] == "python (MLHARNESS_ISSUE=python)"
+
+
+def test_a_typed_run_command_is_recorded_with_the_environment_settings_it_ran_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support import newest_run, run_cli
+
+    monkeypatch.setenv("MLHARNESS_HANDOFF", "python")
+    monkeypatch.delenv("MLHARNESS_ISSUE", raising=False)
+    monkeypatch.delenv("MLHARNESS_SPECS", raising=False)
+    assert run_cli("run", "null", "--scenario", "Offline", "--quick", "--results-dir", tmp_path) == 0
+    assert newest_run(tmp_path, "null", "Offline")["command"] == \
+        f"MLHARNESS_HANDOFF=python mlharness run null --scenario Offline --quick --results-dir {tmp_path}"

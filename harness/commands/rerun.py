@@ -1,5 +1,6 @@
 """`mlharness rerun RUN_ID|path/to/run.json`: run a recorded benchmark again from its record alone (its
-`command`, which names every run-request field that is not at its default: mlharness.running.arguments),
+`command`, which names every run-request field that is not at its default and the environment settings
+it ran with: mlharness.running.arguments),
 saying first what differs since it ran (a manifest's content, software versions, the system), one line
 per difference."""
 from __future__ import annotations
@@ -15,23 +16,25 @@ from mlharness.cli import build_parser
 from mlharness.commands.run import format_summary, request_of
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
-from mlharness.running.arguments import command_line
+from mlharness.running.arguments import command_line, with_environment
 from mlharness.running.request import RunRequest
 
 
 def recorded_request(record: RunRecord) -> RunRequest:
     """The request a record's command ran; refused in one line when it is not an `mlharness run` command."""
     words = shlex.split(record.command or "")
+    assignments = []
     while words and "=" in words[0] and not words[0].startswith("-"):
-        words.pop(0)  # VAR=value assignments before the program
+        assignments.append(words.pop(0))  # VAR=value before the program: the environment settings it ran with
     if words[:2] != ["mlharness", "run"]:
         raise UserError(f"run {record.run_id}: recorded command {record.command!r} is not an `mlharness run` "
                         "command; rerun repeats runs")
     try:
         args = build_parser().parse_args(words[1:])
-    except SystemExit:  # argparse has said what it could not read
+        request = with_environment(request_of(args), assignments)
+    except (SystemExit, ValueError):  # argparse has said what it could not read
         raise UserError(f"run {record.run_id}: cannot read its recorded command {record.command!r}") from None
-    return replace(request_of(args), command="")
+    return replace(request, command="")
 
 
 def load_record(what: str, args: argparse.Namespace) -> RunRecord:

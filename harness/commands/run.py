@@ -6,7 +6,7 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from mlharness.running.arguments import add_request_arguments, request_from_args
+from mlharness.running.arguments import add_request_arguments, environment_assignments, request_from_args
 from mlharness.running.request import RunRequest
 
 
@@ -24,8 +24,12 @@ def request_of(args: argparse.Namespace) -> RunRequest:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mlharness import run
+    from mlharness.running.resolve import resolved_for_run
 
-    request = request_of(args)
+    request = resolved_for_run(request_of(args))
+    if request.command:  # as typed, after the environment settings it runs with (VAR=value)
+        typed = [*environment_assignments(request), *shlex.split(request.command)]
+        request = replace(request, command=shlex.join(typed))
     tests = list(request.compliance)
     record = run(request)
     print(format_summary(record))

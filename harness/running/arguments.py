@@ -1,13 +1,14 @@
 """A run request as `mlharness run` arguments, both ways, from one table (REQUEST_FLAGS): the commands
 parse their run-request flags from it (`add_request_arguments`, `request_fields`), and `run_arguments`
 writes a request back as the argv that repeats it (a run's "reproduce with", a submission step's, a
-tune trial's). A field with a flag that one direction forgot is what made a tune trial's recorded
-command reproduce another run; tests/test_request_arguments.py checks the round trip."""
+tune trial's), after the environment settings a resolved request carries (ENVIRONMENT, as VAR=value).
+A field with a flag that one direction forgot is what made a tune trial's recorded command reproduce
+another run; tests/test_request_arguments.py checks the round trip."""
 from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -71,6 +72,12 @@ REQUEST_FLAGS: tuple[RequestFlag, ...] = (
 )
 FLAGS = {spec.flag: spec for spec in REQUEST_FLAGS}
 ALWAYS_WRITTEN = ("--scenario", "--mode")  # a recorded command names both, default or not
+# The environment's settings a resolved request carries (mlharness.running.resolve.resolved_for_run), as
+# (variable, field, default): a recorded command names those not at their default as VAR=value before
+# `mlharness`, so that it repeats them too.
+ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (("MLHARNESS_SPECS", "specs_root", None),
+                                                 ("MLHARNESS_HANDOFF", "handoff", "native"),
+                                                 ("MLHARNESS_ISSUE", "issue_path", "native"))
 # RunRequest fields no flag sets: the positional model, what a command decides itself (the typed command,
 # the bricks command's own options), and what is read when the request is resolved for a run.
 FIELDS_WITHOUT_FLAGS = ("model", "user_conf_text", "command", "audit_config", "specs_root", "kind", "batch",
@@ -149,6 +156,25 @@ def run_arguments(request: RunRequest, complete: bool = False) -> list[str]:
     return parts
 
 
+def environment_assignments(request: RunRequest) -> list[str]:
+    """VAR=value for each environment setting the request carries that is not at its default."""
+    return [f"{variable}={getattr(request, name)}" for variable, name, default in ENVIRONMENT
+            if getattr(request, name) not in (None, default)]
+
+
 def command_line(request: RunRequest, complete: bool = False) -> str:
-    """The run's command as a shell line (run.json's `command`, the README's "Reproduce with")."""
-    return shlex.join(["mlharness", *run_arguments(request, complete)])
+    """The run's command as a shell line (run.json's `command`, the README's "Reproduce with"), with
+    the environment settings it carries."""
+    return shlex.join([*environment_assignments(request), "mlharness", *run_arguments(request, complete)])
+
+
+def with_environment(request: RunRequest, assignments: list[str]) -> RunRequest:
+    """The request with the environment settings named by a command's VAR=value words (command_line's)."""
+    fields_of = {variable: name for variable, name, _ in ENVIRONMENT}
+    found: dict[str, str] = {}
+    for word in assignments:
+        variable, _, value = word.partition("=")
+        if variable not in fields_of:
+            raise ValueError(f"{word!r}: not an environment setting of a run ({', '.join(fields_of)})")
+        found[fields_of[variable]] = value
+    return replace(request, **found)

@@ -330,9 +330,10 @@ def tune(base: RunRequest, say: Callable[[str], None] = print, repeats: int = 2)
     from mlharness.running import system as system_mod
     from mlharness.running.launcher import run_request
     from mlharness.running.progress import Ticker, quiet_from_env
-    from mlharness.running.resolve import resolve_manifests
+    from mlharness.running.resolve import resolve_manifests, resolved_for_run
     from mlharness.store import result_store
 
+    base = resolved_for_run(base)  # the trials' recorded commands name the environment settings they ran with
     model, backend, _, hardware, _, _ = resolve_manifests(base)
     detected = system_mod.detect_system()
     system_name = system_mod.system_name(detected, hardware.device)

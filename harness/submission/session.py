@@ -219,8 +219,9 @@ def _run_step(options: SessionOptions, scenario: str, step: str, scenario_dir: P
         from mlharness.commands.run import format_summary
         from mlharness.running.launcher import run_request
         from mlharness.running.arguments import command_line
+        from mlharness.running.resolve import resolved_for_run
 
-        request = replace(_request(options, scenario, ""), mode=step)
+        request = resolved_for_run(replace(_request(options, scenario, ""), mode=step))  # its command names the environment's
         request = replace(request, command=command_line(request, complete=True))
         record = run_request(request)  # a fresh process; a failed run raises with its one line
         data = record.to_dict()
