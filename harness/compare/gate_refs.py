@@ -53,8 +53,7 @@ def _query(store: ResultStore, text: str, ref: str) -> list[RunRecord]:
 def _sweep(store: ResultStore, sweep_id: str) -> list[RunRecord]:
     from mlharness.sweeps.sweep import sweep_rows
 
-    # sweep_rows gives each cell's stored record dict, already migrated by the store.
-    records = [RunRecord.from_dict(row["record"]) for row in sweep_rows(store, sweep_id) if row["record"] is not None]
+    records = [row["record"] for row in sweep_rows(store, sweep_id) if row["record"] is not None]
     if not records:
         raise UserError(f"sweep:{sweep_id}: the sweep has no recorded runs")
     return records

@@ -9,9 +9,6 @@ from typing import Any, Iterable
 
 from mlharness.atomic_io import write_bytes, write_text
 from mlharness.compare.report_plots import PLOTS, _bricks_records, _png, _pyplot
-# Still imported from here by compare/site.py, site_html.py and site_plots.py (Plot, _png, _pyplot and
-# these plots); they can import them from report_plots instead.
-from mlharness.compare.report_plots import Plot, bricks_plots, latency_plots, throughput_plots  # noqa: F401
 from mlharness.records.run_record import BRICKS, RunRecord
 from mlharness.tables import format_value
 
@@ -182,8 +179,7 @@ def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
     from mlharness.sweeps.sweep import best_configurations, sweep_rows
 
     rows = sweep_rows(store, sweep_id)
-    # sweep_rows gives each cell's stored record dict, already migrated by the store.
-    records = [RunRecord.from_dict(row["record"]) for row in rows if row["record"] is not None]
+    records = [row["record"] for row in rows if row["record"] is not None]
     best = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
              e["cell"].setting("intra_op_threads"), e["metric"].partition(".")[2], e["median"], len(e["values"]))
             for e in best_configurations(rows)]

@@ -21,7 +21,8 @@ from typing import Any, Iterable
 
 from mlharness.atomic_io import write_text
 from mlharness.compare import comparability
-from mlharness.compare.report import bricks_plots, bricks_table, latency_plots, latest_bricks, throughput_plots
+from mlharness.compare.report import bricks_table, latest_bricks
+from mlharness.compare.report_plots import bricks_plots, latency_plots, throughput_plots
 from mlharness.compare.site_html import asset, definitions, esc, figures_html, json_script, page, slug, status_badge, table
 from mlharness.compare.site_plots import figure_unit, shown_name, sweep_heatmaps
 from mlharness.compare.site_run_page import Site, SiteRun, headline_shown, load_site, write_plots, write_run_page
@@ -163,7 +164,7 @@ def _sweep_page(root: Path, store: Any, sweep: Any, site: Site) -> None:
     folder = f"sweeps/{name}"
     rows = sweep_rows(store, sweep_id)
     pages = {run.record.run_id: run.page for run in site.runs}
-    records = [RunRecord.from_dict(row["record"]) for row in rows if row["record"] is not None]
+    records = [row["record"] for row in rows if row["record"] is not None]
     heat = sweep_heatmaps(rows, sweep_id)
     others = throughput_plots(records) + latency_plots(records)
     write_plots(root, folder, heat + others)

@@ -10,7 +10,7 @@ import re
 from importlib import resources
 from typing import Any, Iterable
 
-from mlharness.compare.report import Plot
+from mlharness.compare.report_plots import Plot
 from mlharness.tables import format_value
 
 

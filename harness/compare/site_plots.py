@@ -7,7 +7,7 @@ import re
 import statistics
 from typing import Any
 
-from mlharness.compare.report import Plot, _png, _pyplot
+from mlharness.compare.report_plots import Plot, _png, _pyplot
 from mlharness.compare.site_html import slug
 from mlharness.records import record_metrics
 from mlharness.records.run_record import RunRecord
@@ -87,7 +87,7 @@ def _heat_groups(rows: list[dict[str, Any]]) -> dict[tuple, HeatCells]:
         cell, record = row["cell"], row["record"]
         other = " ".join([f"{k}={v}" for k, v in cell.manifests().items()]
                          + [o for o in cell.overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))])
-        backend = (record or {}).get("backend") or cell.backend or "default"
+        backend = (record.backend if record else None) or cell.backend or "default"
         key = (cell.scenario, cell.model, backend, other)
         at = (cell.setting("max_batch_size") or "default", cell.setting("intra_op_threads") or "default")
         entry = groups.setdefault(key, {}).setdefault(at, {"values": [], "failed": 0})

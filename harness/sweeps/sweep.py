@@ -183,9 +183,7 @@ def sweep_rows(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
         record = None
         if cell_row["run_id"]:
             try:
-                # Still the record's dict (to_dict, unknown keys included): compare/site.py and
-                # site_plots.py read rows' records as dicts until they move to RunRecord.
-                record = store.get_record(cell_row["run_id"]).to_dict()
+                record = store.get_record(cell_row["run_id"])
             except UserError:
                 record = None
         rows.append({"cell": Cell.from_params(json.loads(cell_row["params_json"])), "row": cell_row,
@@ -204,7 +202,7 @@ def best_configurations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if value is None:
             continue
         entry = by_cell.setdefault(row["cell"].key, {"cell": row["cell"], "metric": name, "values": [],
-                                                     "backend": record.get("backend")})
+                                                     "backend": record.backend})
         entry["values"].append(value)
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for entry in by_cell.values():
