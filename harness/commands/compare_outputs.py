@@ -33,6 +33,12 @@ def cmd_compare_outputs(args: argparse.Namespace) -> int:
         return 0 if report.passed else 1
     if not args.model:
         raise UserError("compare-outputs: expected a model name (or --generations A.jsonl,B.jsonl)")
+    # Both are slice bounds below: a negative one would compare the wrong rows, and say so nowhere.
+    if args.batch_size < 0:
+        raise UserError(f"--batch-size: expected a number of samples >= 0 (0 = the model's max_batch_size), "
+                        f"got {args.batch_size}")
+    if args.limit < 0:
+        raise UserError(f"--limit: expected a number of samples >= 0 (0 = all), got {args.limit}")
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     tolerance = Tolerance(args.tolerance, args.min_cosine, args.min_agreement)
     report = compare_backends(default_index(), args.model, args.dataset, backends, tolerance,
