@@ -20,17 +20,29 @@ from tests.test_bricks import _user_model, tiny_graph
 # batch the comparison ran and the thread count the hardware manifest set (the report itself names
 # neither).
 
-TORCH_PROBE = """\
+def _probe(framework: str, sources: str) -> str:
+    """The probe's manifest for one framework: the same name, I/O, preprocess and batch on both sides."""
+    return f"""\
     kind: model
     name: probe
     version: 1.0.0
-    framework: {name: torch, version: ">=2.0"}
+    framework: {framework}
     dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
+    inputs: [{{name: x, type: tensor, element_type: float32, shape: [batch, 1]}}]
     outputs:
-      - {name: rows, type: tensor, element_type: float32, shape: [batch, 1]}
-      - {name: threads, type: tensor, element_type: float32, shape: [batch, 1]}
+      - {{name: rows, type: tensor, element_type: float32, shape: [batch, 1]}}
+      - {{name: threads, type: tensor, element_type: float32, shape: [batch, 1]}}
     sources:
+{sources}
+    preprocess: |
+      import numpy as np
+      def preprocess(sample, ctx):
+          return np.array([sample], dtype=np.float32)
+    attributes: {{max_batch_size: 4}}
+    """
+
+
+TORCH_PROBE = _probe('{name: torch, version: ">=2.0"}', """\
       module:
         factory: |
           import torch
@@ -40,32 +52,9 @@ TORCH_PROBE = """\
                   return x * 0 + x.shape[0], x * 0 + torch.get_num_threads()
 
           def factory(ctx):
-              return Probe()
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample], dtype=np.float32)
-    attributes: {max_batch_size: 4}
-    """
+              return Probe()""")
 
-ONNX_PROBE = """\
-    kind: model
-    name: probe
-    version: 1.0.0
-    framework: {name: onnxruntime}
-    dataset: null-samples
-    inputs: [{name: x, type: tensor, element_type: float32, shape: [batch, 1]}]
-    outputs:
-      - {name: rows, type: tensor, element_type: float32, shape: [batch, 1]}
-      - {name: threads, type: tensor, element_type: float32, shape: [batch, 1]}
-    sources:
-      graph: {uri: "GRAPH", sha256: SHA}
-    preprocess: |
-      import numpy as np
-      def preprocess(sample, ctx):
-          return np.array([sample], dtype=np.float32)
-    attributes: {max_batch_size: 4}
-    """
+ONNX_PROBE = _probe("{name: onnxruntime}", '      graph: {uri: "GRAPH", sha256: SHA}')
 
 SAMPLES = 8
 
