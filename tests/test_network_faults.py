@@ -67,6 +67,8 @@ class FaultPlan:
     def __init__(self, fault: str):
         self.fault, self.measured = fault, 0
         self.kind = fault.removeprefix("warmup-")  # what a faulty request gets
+        # Requests so far on each connection, by its transport: held, so no later connection takes its key.
+        self.on_connection: dict[Any, int] = {}
 
     def faulty(self, request_id: str) -> bool:
         if self.fault.startswith("warmup-"):
@@ -95,6 +97,16 @@ def _http_app(plan: FaultPlan) -> Any:
     async def infer(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         header = json.loads(body[:int(request.headers.get(BINARY_HEADER, len(body)))])
+        plan.on_connection[request.transport] = plan.on_connection.get(request.transport, 0) + 1
+        if plan.fault == "close-reused" and plan.on_connection[request.transport] > 1 \
+                and not str(header.get("id", "")).startswith("warmup-"):
+            # A kept-alive connection ended before any byte of the answer (the server closed it for idling
+            # as the request arrived): the end of the stream now, then the socket dropped.
+            print("fake-oip: closed a reused connection", file=sys.stderr, flush=True)
+            assert request.transport is not None
+            request.transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
+            request.transport.abort()
+            raise asyncio.CancelledError
         if not plan.faulty(str(header.get("id", ""))):
             return answer("scores", "FP32", [1, 1000], np.zeros((1, 1000), np.float32))
         if plan.kind == "status-5xx":
@@ -299,6 +311,20 @@ def test_faulty_answers_fail_the_run_naming_sample_and_endpoint(tmp_path: Path, 
     line = assert_failed_in_loadgen(code, err, endpoint)
     assert FAULT_SAYS[protocol, fault] in line, line
     assert f"fake-oip: {fault} on request {FAULTY_EVERY}\n" in fake.log, "the fault was never served"
+
+
+def test_a_reused_http_connection_closed_before_any_answer_is_sent_again_and_counted(tmp_path: Path) -> None:
+    """The OIP HTTP client shares the OpenAI client's rule (mlharness.sut.network.http_session): a
+    request whose pooled connection ends unanswered goes once more on a fresh one, and is counted."""
+    results = tmp_path / "results"
+    with fake_oip("close-reused") as fake:
+        code, err = run_against(results, fake.http)
+    assert code == 0, err
+    closed = sum("fake-oip: closed a reused connection" in line for line in fake.log)
+    (path,) = results.glob("*/null/Server/runs/*/run.json")
+    network = json.loads(path.read_text())["loadgen"]["performance"]["sut"]["network"]
+    assert closed >= 1 and network["retries"] == closed, (closed, network)
+    assert (network["failed_samples"], network["unsent_samples"]) == (0, 0)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -9,8 +9,10 @@ it; the client then sees the connection end with no answer (ServerDisconnectedEr
 things keep that from failing a run:
 - the pool drops idle connections after KEEPALIVE_S, below the usual server's, so it rarely happens;
 - a request that met such an end on a *reused* connection, before any byte of its answer, is sent
-  once more on a fresh connection and counted. aiohttp re-sends only idempotent methods on its own
-  (RFC 9112 9.3.1); an inference request changes nothing on the server, so sending it again is safe.
+  again, and counted. The pool may hold other connections the server closed at the same time; each
+  failed one leaves the pool, so after at most the pool's size the request goes out on a fresh
+  connection. aiohttp re-sends only idempotent methods on its own (RFC 9112 9.3.1); an inference
+  request changes nothing on the server, so sending it again is safe.
 A connection that fails when fresh, or after the answer began, is never re-sent: that is the server's
 fault and the run reports it."""
 from __future__ import annotations
@@ -37,17 +39,19 @@ async def _note_reused(session: Any, context: Any, params: Any) -> None:
 
 
 async def send(session: Any, method: str, url: str, counters: dict[str, int] | None = None, **kwargs: Any) -> Any:
-    """The response (headers read, body not yet) of `method url`; sent once more on a fresh connection
-    when a reused one ended before any answer, which adds one to `counters["retries"]`. Use the result
-    as `async with await send(...) as response:` so that its connection goes back to the pool."""
+    """The response (headers read, body not yet) of `method url`; sent again while the connection it
+    went out on was a reused one that ended before any answer (each adds one to `counters["retries"]`),
+    at most the pool's size times. Use the result as `async with await send(...) as response:` so that
+    its connection goes back to the pool."""
     import aiohttp
 
-    for attempt in range(2):
+    pooled = session.connector.limit or 100  # the most idle connections that can all have been closed
+    for attempt in range(pooled + 1):
         noted: dict[str, bool] = {}
         try:
             return await session.request(method, url, trace_request_ctx=noted, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if attempt or not noted.get("reused"):
+            if not noted.get("reused") or attempt == pooled:
                 raise
             if counters is not None:
                 counters["retries"] = counters.get("retries", 0) + 1
