@@ -14,7 +14,6 @@ accuracy/ (rerun accuracy with this configuration). `view.json` says which run e
 from and why an accuracy run was left out."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlharness.atomic_io import write_json, write_text
+from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
 
 RESULTS_SCHEMA_VERSION = 1
 RUNS_FOLDER = "runs"
@@ -76,16 +77,17 @@ class ScenarioDir:
         return target
 
 
-def _ok_runs(scenario_root: Path) -> list[tuple[dict[str, Any], Path]]:
+def _ok_runs(scenario_root: Path) -> list[tuple[RunRecord, Path]]:
+    """The scenario's ok runs, oldest first, each read and checked as RunRecord.load reads it."""
     found = []
     for run_json in (scenario_root / RUNS_FOLDER).glob("*/run.json"):
         try:
-            record = json.loads(run_json.read_text())
-        except (OSError, ValueError):
-            continue  # a damaged record cannot be chosen; its folder stays as it is
-        if isinstance(record, dict) and record.get("status") == "ok":
+            record = RunRecord.load(run_json)
+        except UserError:
+            continue  # a damaged or newer-schema record cannot be chosen; its folder stays as it is
+        if record.status == "ok":
             found.append((record, run_json.parent))
-    return sorted(found, key=lambda item: (item[0].get("started_at") or "", item[0].get("run_id") or ""))
+    return sorted(found, key=lambda item: (item[0].started_at or "", item[0].run_id or ""))
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -154,12 +156,12 @@ def rebuild_view(scenario_root: Path) -> None:
     with open(scenario_root / ".publish.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         runs = _ok_runs(scenario_root)
-        perf = next(((r, d) for r, d in reversed(runs) if r.get("mode") in PERF_MODES), None)
-        accuracy = next(((r, d) for r, d in reversed(runs) if r.get("mode") in ACCURACY_MODES), None)
+        perf = next(((r, d) for r, d in reversed(runs) if r.mode in PERF_MODES), None)
+        accuracy = next(((r, d) for r, d in reversed(runs) if r.mode in ACCURACY_MODES), None)
         main = perf or accuracy
         if main is None:
             return
-        paired, view = _view_sources(main[0], accuracy[0] if accuracy else None)
+        paired, view = _view_sources(main[0].to_dict(), accuracy[0].to_dict() if accuracy else None)
         build = scenario_root / f".view-{os.getpid()}"
         trash = scenario_root / f".view-old-{os.getpid()}"
         for folder in (build, trash):
