@@ -77,12 +77,13 @@ ALWAYS_WRITTEN = ("--scenario", "--mode")  # a recorded command names both, defa
 # `mlharness`, so that it repeats them too.
 ENVIRONMENT: tuple[tuple[str, str, Any], ...] = (("MLHARNESS_SPECS", "specs_root", None),
                                                  ("MLHARNESS_HANDOFF", "handoff", "native"),
-                                                 ("MLHARNESS_ISSUE", "issue_path", "native"))
+                                                 ("MLHARNESS_ISSUE", "issue_path", "native"),
+                                                 ("MLHARNESS_SCENARIOS", "scenarios_root", None))
 # RunRequest fields no flag sets: the positional model, what a command decides itself (the typed command,
 # the bricks command's own options), and what is read when the request is resolved for a run.
 FIELDS_WITHOUT_FLAGS = ("model", "user_conf_text", "command", "audit_config", "specs_root", "kind", "batch",
                         "measured_run", "variants", "brick_time_cap", "brick_estimate", "handoff", "issue_path",
-                        "resolved")
+                        "resolved", "scenarios_root")
 
 
 def _default(spec: RequestFlag) -> Any:

@@ -17,14 +17,14 @@ DEFAULT_RESULTS_DIR = Path("results")
 # submission tests take 10 to 20 minutes each on a small machine; --timeout raises it.
 DEFAULT_RUN_TIMEOUT = 4 * 3600.0
 # Version 2 added `kind` and the layer-benchmark fields (batch, measured_run, variants, brick_time_cap);
-# version 3 the environment's settings (handoff, issue_path) and `resolved`.
-REQUEST_SCHEMA_VERSION = 3
+# version 3 the environment's settings (handoff, issue_path) and `resolved`; version 4 scenarios_root.
+REQUEST_SCHEMA_VERSION = 4
 # What a run measures, and so which runner executes it in the run's process (mlharness.running.launcher):
 # a LoadGen test, or a layer-level benchmark of the model's bricks (mlharness.bricks).
 RUN_KINDS = ("loadgen", "bricks")
 BRICK_ESTIMATES = ("only", "measure-missing")
 
-_PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root")
+_PATH_FIELDS = ("user_conf", "results_dir", "audit_config", "specs_root", "scenarios_root")
 _TUPLE_FIELDS = ("presets", "overrides", "profile", "compliance")
 
 
@@ -78,6 +78,7 @@ class RunRequest:
     # where they are used (mlharness.sut.handoff), as the environment variable always was.
     handoff: str | None = None
     issue_path: str | None = None
+    scenarios_root: Path | None = None  # the presets' folder: $MLHARNESS_SCENARIOS, taken in the same way
     # user.conf's text and the environment's settings have been read in (resolved_for_run): wherever the
     # request goes, it runs as it is, reading neither the file nor that process's environment.
     resolved: bool = False

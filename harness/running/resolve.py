@@ -11,7 +11,7 @@ from typing import Any
 from mlharness.errors import UserError
 from mlharness.running import system as system_mod
 from mlharness.running.request import RunRequest
-from mlharness.running.settings import Settings, build_settings
+from mlharness.running.settings import Settings, build_settings, scenarios_from_environment, shipped_scenarios
 from mlharness.sut.handoff import handoff_from_environment, issue_path_from_environment
 from mlharness.specs.index import SpecIndex, default_index, shipped_specs, specs_from_environment
 from mlharness.specs.manifests import ModelManifest, ReferenceLog
@@ -32,6 +32,7 @@ def resolved_for_run(request: RunRequest) -> RunRequest:
         except OSError as exc:
             raise UserError(f"{request.user_conf}: cannot read user.conf: {exc.strerror or exc}") from None
     return replace(request, user_conf_text=text, specs_root=request.specs_root or specs_from_environment(),
+                   scenarios_root=request.scenarios_root or scenarios_from_environment(),
                    handoff=request.handoff or handoff_from_environment(),
                    issue_path=request.issue_path or issue_path_from_environment(), resolved=True)
 
@@ -42,6 +43,14 @@ def spec_index(request: RunRequest) -> SpecIndex:
     if request.specs_root:
         return SpecIndex(request.specs_root)
     return SpecIndex(shipped_specs()) if request.resolved else default_index()
+
+
+def presets_root(request: RunRequest) -> Path | None:
+    """The presets a request runs with: its own folder; else, once resolved, the shipped presets (the
+    environment was read when it was resolved); else None, $MLHARNESS_SCENARIOS's or the shipped."""
+    if request.scenarios_root:
+        return request.scenarios_root
+    return shipped_scenarios() if request.resolved else None
 
 
 def select_model(index: SpecIndex, name_or_path: str, backend: str | None) -> ModelManifest:
@@ -96,7 +105,7 @@ def prepare_settings(request: RunRequest, model: ModelManifest, tuned: dict[str,
                           model_name=model.name, model_hints=model.attributes.get("settings"),
                           presets=presets, user_conf=request.user_conf, overrides=request.overrides,
                           user_conf_text=request.user_conf_text,
-                          tuned=(tuned or {}).get("settings"),
+                          tuned=(tuned or {}).get("settings"), scenarios_root=presets_root(request),
                           tuned_where=f"tuned {(tuned or {}).get('tuning_id')} ({(tuned or {}).get('figure_name')} "
                                       f"{(tuned or {}).get('figure_value')})")
 

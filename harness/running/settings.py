@@ -6,6 +6,7 @@ keys are written as one user.conf and applied with a single FromConfig call; har
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,28 @@ PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_r
                             "accuracy_log_rng_seed"})
 
 
+SCENARIOS_ENV = "MLHARNESS_SCENARIOS"
+
+
 def scenarios_root() -> Path:
     """The shipped scenarios/ package's folder (the presets), unless MLHARNESS_SCENARIOS points elsewhere."""
     from mlharness.specs.index import shipped_folder
 
-    return shipped_folder("scenarios", "MLHARNESS_SCENARIOS")
+    return shipped_folder("scenarios", SCENARIOS_ENV)
+
+
+def scenarios_from_environment() -> Path | None:
+    """$MLHARNESS_SCENARIOS, read where a run is submitted: the request carries it (scenarios_root), as
+    it carries $MLHARNESS_SPECS, so a run's process here or on a cluster node does not read its own."""
+    value = os.environ.get(SCENARIOS_ENV)
+    return Path(value) if value else None
+
+
+def shipped_scenarios() -> Path:
+    """The presets shipped with mlharness, whatever $MLHARNESS_SCENARIOS says."""
+    from mlharness.specs.index import shipped_folder
+
+    return shipped_folder("scenarios", SCENARIOS_ENV, read_env=False)
 
 
 @dataclass
@@ -291,10 +309,11 @@ def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str,
     return found
 
 
-def load_preset(name_or_path: str) -> dict[str, Any]:
+def load_preset(name_or_path: str, root: Path | None = None) -> dict[str, Any]:
+    """A preset by path, or by name under `root` (None: scenarios_root(), the environment's or the shipped)."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = scenarios_root() / f"{name_or_path}.yaml"
+        path = (root or scenarios_root()) / f"{name_or_path}.yaml"
     if not path.is_file():
         raise UserError(f"{path}: no such scenario preset")
     doc = load_yaml(path)
@@ -324,7 +343,7 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
                    model_hints: dict[str, Any] | None = None, presets: list[str] = (),
                    user_conf: Path | None = None, overrides: list[str] = (),
                    user_conf_text: str | None = None, tuned: dict[str, Any] | None = None,
-                   tuned_where: str = "tuned") -> Settings:
+                   tuned_where: str = "tuned", scenarios_root: Path | None = None) -> Settings:
     """The run's settings, layer by layer (see the module docstring); `tuned` is the configuration
     `mlharness tune` found for this model on this system, between the model manifest and presets."""
     if scenario not in SCENARIOS:
@@ -342,7 +361,7 @@ def build_settings(*, scenario: str, mode: str, conf_model: str, model_name: str
         for key, value in tuned.items():
             settings.set(str(key), value, "tuned", tuned_where)
     for preset in presets:
-        loaded = load_preset(preset)
+        loaded = load_preset(preset, scenarios_root)
         settings.layers.append(f"preset:{loaded['path'].stem}")
         _apply_scoped(settings, loaded["settings"], f"preset:{loaded['path'].stem}", str(loaded["path"]))
     if user_conf is not None:
