@@ -93,7 +93,7 @@ def test_the_wheel_carries_the_specs_presets_and_c_extension(installed: Install)
 
 def test_installed_copy_is_the_one_imported_and_finds_its_data(installed: Install, tmp_path: Path) -> None:
     code = ("import json, mlharness, mlharness.specs, mlharness.scenarios, mlharness.sut._native\n"
-            "from mlharness.specs.index import specs_root\nfrom mlharness.running.settings import scenarios_root\n"
+            "from mlharness.specs.index import specs_root\nfrom mlharness.running.presets import scenarios_root\n"
             "print(json.dumps([mlharness.__file__, mlharness.specs.__file__, mlharness.scenarios.__file__,"
             " mlharness.sut._native.__file__, str(specs_root()), str(scenarios_root())]))")
     result = _run(installed, tmp_path, sys.executable, "-c", code)

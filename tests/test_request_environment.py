@@ -51,7 +51,7 @@ def test_a_resolved_request_without_specs_runs_with_the_shipped_ones(tmp_path: P
 def test_a_resolved_request_without_presets_runs_with_the_shipped_ones(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from mlharness.running.resolve import presets_root
-    from mlharness.running.settings import shipped_scenarios
+    from mlharness.running.presets import shipped_scenarios
 
     monkeypatch.delenv("MLHARNESS_SCENARIOS", raising=False)
     resolved = resolved_for_run(RunRequest(model="null", scenario="Offline"))

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from mlharness.errors import UserError
-from mlharness.running import settings as S
+from mlharness.running.presets import load_preset, scenarios_root
 from mlharness.running.settings import (
     HARNESS_DEFAULTS,
     HARNESS_KEYS,
@@ -26,7 +26,6 @@ from mlharness.running.settings import (
     SCENARIOS,
     Settings,
     build_settings,
-    load_preset,
     parse_user_conf,
     validate_loadgen_settings,
 )
@@ -449,7 +448,7 @@ def presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_preset_is_found_by_name_in_the_scenarios_folder_or_by_path(presets: Path) -> None:
-    assert S.scenarios_root() == presets
+    assert scenarios_root() == presets
     assert load_preset("fast") == {"path": presets / "fast.yaml", "settings": {
         "*": {"min_duration": 5, "min_query_count": 3}, "Offline": {"min_duration": 7}, "Server": None}}
     assert load_preset(str(presets / "fast.yaml"))["path"] == presets / "fast.yaml"
@@ -458,7 +457,7 @@ def test_a_preset_is_found_by_name_in_the_scenarios_folder_or_by_path(presets: P
 
 def test_the_shipped_presets_are_found_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLHARNESS_SCENARIOS", raising=False)
-    assert S.scenarios_root() == REPO / "scenarios"
+    assert scenarios_root() == REPO / "scenarios"
     assert load_preset("quick")["settings"]["*"] == {"min_duration": 1000, "min_query_count": 32}
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from mlharness.errors import UserError
 from mlharness.running import system as system_mod
 from mlharness.running.request import RunRequest
-from mlharness.running.settings import Settings, build_settings, scenarios_from_environment, shipped_scenarios
+from mlharness.running.presets import scenarios_from_environment, shipped_scenarios
+from mlharness.running.settings import Settings, build_settings
 from mlharness.sut.handoff import handoff_from_environment, issue_path_from_environment
 from mlharness.specs.index import SpecIndex, default_index, shipped_specs, specs_from_environment
 from mlharness.specs.manifests import ModelManifest, ReferenceLog

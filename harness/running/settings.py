@@ -6,15 +6,14 @@ keys are written as one user.conf and applied with a single FromConfig call; har
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlharness.errors import UserError
+from mlharness.running.presets import load_preset
 from mlharness.running.setting_keys import HARNESS_KEYS, LOADGEN_KEYS, MODES, SCENARIOS, setting_hint  # noqa: F401  (read here)
-from mlharness.specs.validation import load_yaml
 
 # Harness keys whose value is one of a few names (ONNX Runtime's session options; `mlharness tune` searches them).
 CHOICE_KEYS: dict[str, tuple[str, ...]] = {"graph_optimization": ("all", "extended", "basic", "disable_all"),
@@ -46,30 +45,6 @@ _MINIMUM_NOTES = {"dataset_limit": " (the first N samples of the dataset; leave 
 PROTECTED_KEYS = frozenset({"qsl_rng_seed", "sample_index_rng_seed", "schedule_rng_seed",
                             "performance_sample_count_override", "min_duration", "min_query_count",
                             "accuracy_log_rng_seed"})
-
-
-SCENARIOS_ENV = "MLHARNESS_SCENARIOS"
-
-
-def scenarios_root() -> Path:
-    """The shipped scenarios/ package's folder (the presets), unless MLHARNESS_SCENARIOS points elsewhere."""
-    from mlharness.specs.index import shipped_folder
-
-    return shipped_folder("scenarios", SCENARIOS_ENV)
-
-
-def scenarios_from_environment() -> Path | None:
-    """$MLHARNESS_SCENARIOS, read where a run is submitted: the request carries it (scenarios_root), as
-    it carries $MLHARNESS_SPECS, so a run's process here or on a cluster node does not read its own."""
-    value = os.environ.get(SCENARIOS_ENV)
-    return Path(value) if value else None
-
-
-def shipped_scenarios() -> Path:
-    """The presets shipped with mlharness, whatever $MLHARNESS_SCENARIOS says."""
-    from mlharness.specs.index import shipped_folder
-
-    return shipped_folder("scenarios", SCENARIOS_ENV, read_env=False)
 
 
 @dataclass
@@ -307,26 +282,6 @@ def parse_user_conf(path: Path, conf_model: str, model_name: str, scenario: str,
         if model in ("*", conf_model, model_name) and scen in ("*", scenario):
             found.append((key, value.strip(), number))
     return found
-
-
-def load_preset(name_or_path: str, root: Path | None = None) -> dict[str, Any]:
-    """A preset by path, or by name under `root` (None: scenarios_root(), the environment's or the shipped)."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = (root or scenarios_root()) / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise UserError(f"{path}: no such scenario preset")
-    doc = load_yaml(path)
-    from pydantic import ValidationError
-
-    from mlharness.running.settings_schema import PresetDoc
-    from mlharness.specs.validation import ManifestError, problems_from
-
-    try:
-        PresetDoc.model_validate(doc)
-    except ValidationError as exc:
-        raise ManifestError(problems_from(exc, str(path), PresetDoc, doc)) from None
-    return {"path": path, "settings": doc.get("settings") or {}}
 
 
 def _apply_scoped(settings: Settings, scoped: dict[str, Any], layer: str, where: str) -> None:
