@@ -4,9 +4,10 @@ one place the spec layer names frameworks (onnxruntime, torch, the generative on
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mlharness.running.setting_keys import SCENARIOS, SCOPES, SETTING_KEYS, setting_hint
 from mlharness.specs.schema_fields import (
@@ -126,13 +127,54 @@ class Generation(Doc):
 
 
 # -- what each framework needs ---------------------------------------------------------------------
+# One table, read twice: by the model validator (a problem line per broken rule) and by the JSON
+# Schema written for editors (an if/then per rule), so the two cannot say different things.
 
-def _framework_is(*names: str) -> dict[str, Any]:
-    return {"properties": {"framework": {"properties": {"name": {"enum": list(names)}}}}}
+@dataclass(frozen=True)
+class FrameworkRule:
+    """What a model manifest must (or must not) have for the frameworks named, or (`others`) for
+    every framework but those: one of the fields at `needs` (document paths), or no field `refuses`.
+    `text` is what the problem line says was expected ({fw}: the manifest's framework)."""
+
+    frameworks: tuple[str, ...]
+    text: str
+    needs: tuple[tuple[str, ...], ...] = ()
+    refuses: tuple[str, ...] = ()
+    others: bool = False
+    got: Any = None  # what the problem line says was found (None: nothing, as for a missing field)
+
+    def applies(self, framework: str) -> bool:
+        return (framework in self.frameworks) != self.others
+
+    def broken(self, doc: BaseModel) -> bool:
+        if self.refuses:
+            return _at(doc, self.refuses) is not None
+        return all(_at(doc, path) is None for path in self.needs)
+
+    def problem(self, framework: str) -> tuple[tuple[str, ...], str, Any]:
+        return (self.refuses or self.needs[0]), self.text.replace("{fw}", framework), self.got
+
+    def json_schema(self) -> dict[str, Any]:
+        when = {"properties": {"framework": {"properties": {"name": {"enum": list(self.frameworks)}}}}}
+        if self.refuses:
+            then: dict[str, Any] = {"not": _required(self.refuses)}
+        else:
+            then = _required(self.needs[0]) if len(self.needs) == 1 else {"anyOf": list(map(_required, self.needs))}
+        return {"if": {"not": when} if self.others else when, "then": then}
 
 
-def _needs(*path: str) -> dict[str, Any]:
-    """JSON Schema: the document has sources.<path...>."""
+def _at(doc: Any, path: tuple[str, ...]) -> Any:
+    """The value at a document path (field names as the file writes them), None where absent."""
+    for key in path:
+        if doc is None:
+            return None
+        name = next((n for n, f in type(doc).model_fields.items() if key in (n, f.alias)), key)
+        doc = getattr(doc, name)
+    return doc
+
+
+def _required(path: tuple[str, ...]) -> dict[str, Any]:
+    """JSON Schema: the document has the field at `path`."""
     *parents, last = path
     schema: dict[str, Any] = {"required": [last]}
     for parent in reversed(parents):
@@ -140,18 +182,24 @@ def _needs(*path: str) -> dict[str, Any]:
     return schema
 
 
-# The relations between fields that _what_the_framework_needs checks, for editors.
-FRAMEWORK_RULES = {"allOf": [
-    {"if": {"not": _framework_is("null")}, "then": _needs("sources")},
-    {"if": _framework_is("onnxruntime"), "then": _needs("sources", "graph")},
-    {"if": _framework_is("torch"), "then": {"anyOf": [_needs("sources", "module"), _needs("sources", "torchscript")]}},
-    {"if": _framework_is(*GENERATIVE_FRAMEWORKS), "then": {"allOf": [_needs("sources", "weights"), _needs("generation")]},
-     "else": {"not": {"required": ["generation"]}}},
-]}
+FRAMEWORK_RULES = (
+    FrameworkRule(("null",), f"{Sources.expected} (required field is missing)", needs=(("sources",),), others=True),
+    FrameworkRule(("onnxruntime",), "an ONNX graph {uri, sha256} for framework onnxruntime",
+                  needs=(("sources", "graph"),)),
+    FrameworkRule(("torch",), "a module factory (with weights) or sources.torchscript for framework torch",
+                  needs=(("sources", "module"), ("sources", "torchscript"))),
+    FrameworkRule(GENERATIVE_FRAMEWORKS, "the model's weights {uri, sha256} (a GGUF file) for framework {fw}",
+                  needs=(("sources", "weights"),)),
+    FrameworkRule(GENERATIVE_FRAMEWORKS, "a mapping {max_new_tokens, decoding, ...} for framework {fw}",
+                  needs=(("generation",),)),
+    FrameworkRule(GENERATIVE_FRAMEWORKS, f"no generation settings for framework {{fw}} "
+                  f"(generative frameworks: {', '.join(GENERATIVE_FRAMEWORKS)})",
+                  refuses=("generation",), others=True, got="a mapping"),
+)
 
 
 class ModelDoc(ManifestDoc):
-    model_config = ConfigDict(json_schema_extra=FRAMEWORK_RULES)
+    model_config = ConfigDict(json_schema_extra={"allOf": [rule.json_schema() for rule in FRAMEWORK_RULES]})
     expected: ClassVar[str] = "a mapping with kind: model"
 
     kind: Literal["model"] = Field(description="'model'")
@@ -171,24 +219,7 @@ class ModelDoc(ManifestDoc):
     @model_validator(mode="after")
     def _what_the_framework_needs(self) -> ModelDoc:
         fw = self.framework.name
-        sources = self.sources or Sources()
-        problems: list[tuple[tuple[str, ...], str, Any]] = []
-        if self.sources is None and fw != "null":
-            problems.append((("sources",), f"{Sources.expected} (required field is missing)", None))
-        if fw == "onnxruntime" and sources.graph is None:
-            problems.append((("sources", "graph"), "an ONNX graph {uri, sha256} for framework onnxruntime", None))
-        if fw == "torch" and sources.module is None and sources.torchscript is None:
-            problems.append((("sources", "module"),
-                             "a module factory (with weights) or sources.torchscript for framework torch", None))
-        generative = fw in GENERATIVE_FRAMEWORKS
-        if generative and sources.weights is None:
-            problems.append((("sources", "weights"),
-                             f"the model's weights {{uri, sha256}} (a GGUF file) for framework {fw}", None))
-        if generative and self.generation is None:
-            problems.append((("generation",), f"a mapping {{max_new_tokens, decoding, ...}} for framework {fw}", None))
-        if not generative and self.generation is not None:
-            problems.append((("generation",), f"no generation settings for framework {fw} "
-                             f"(generative frameworks: {', '.join(GENERATIVE_FRAMEWORKS)})", "a mapping"))
+        problems = [rule.problem(fw) for rule in FRAMEWORK_RULES if rule.applies(fw) and rule.broken(self)]
         if problems:
             refuse_all(problems)
         return self
