@@ -109,26 +109,29 @@ def light_manifest(folder: Path, short: str) -> Path:
     return out
 
 
-def zoo_suite(families: list[str], members: list[str], held_out: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The chosen zoo members built as `mlharness zoo build` does: the suite's manifests in family
-    order (every member when nothing is chosen; the held-out left out), and the held-out's by name."""
+def zoo_choice(args: argparse.Namespace) -> tuple[list[zoo.ZooMember], list[zoo.ZooMember]]:
+    """The zoo members of the suite, in family order (with --zoo and nothing chosen: every member), and
+    the held-out ones, left out of the suite. Unknown names are one line each, before anything is built."""
     known = zoo.families()
-    unknown = [f for f in families if f not in known]
+    unknown = [f for f in args.family if f not in known]
     if unknown:
         raise UserError(f"--family {unknown[0]}: not a zoo family (known: {', '.join(known)})")
-    named = {zoo.member(name) for name in members}  # an unknown name is one line, with close names
-    held = [zoo.member(name) for name in held_out]
-    chosen = [m for m in zoo.ZOO if (not families and not members) or m.family in families or m in named]
-    chosen = sorted((m for m in chosen if m not in held), key=lambda m: known.index(m.family))  # stable: zoo order within
-    todo = [*chosen, *(m for m in held if m not in chosen)]
-    print(f"zoo: building {len(todo)} members ({len(chosen)} in the suite, {len(held)} held out)", flush=True)
+    named = {zoo.member(name) for name in args.member}  # an unknown name is one line, with close names
+    held = list(dict.fromkeys(zoo.member(name) for name in args.hold_out))
+    every = not args.family and not args.member
+    chosen = [m for m in zoo.ZOO if args.zoo and (every or m.family in args.family or m in named) and m not in held]
+    return sorted(chosen, key=lambda m: known.index(m.family)), held  # sorted is stable: zoo order within a family
+
+
+def build_members(members: list[zoo.ZooMember]) -> dict[str, str]:
+    """Each member built as `mlharness zoo build` does (converted, or its cached graph verified); its manifest's path."""
     paths: dict[str, str] = {}
-    for i, zoo_member in enumerate(todo, 1):
+    for i, zoo_member in enumerate(members, 1):
         built = zoo.build(zoo_member)
         paths[zoo_member.name] = str(built.manifest)
-        print(f"zoo {i}/{len(todo)}: {zoo_member.name} ({zoo_member.family}) "
+        print(f"zoo {i}/{len(members)}: {zoo_member.name} ({zoo_member.family}) "
               f"{'cached (verified)' if built.reused else 'converted'} in {built.seconds:.1f} s", flush=True)
-    return [paths[m.name] for m in chosen], {m.name: paths[m.name] for m in held}
+    return paths
 
 
 def suite_row(record: RunRecord, families: dict[str, str]) -> dict[str, Any]:
@@ -259,18 +262,19 @@ def main() -> int:
     os.environ.pop("MLHARNESS_DB", None)  # the bench's own database: reuse is measured from empty
     models = [] if args.zoo_only else [str(light_manifest(workdir, m.removeprefix("light_"))) if m.startswith("light_")
                                        else m for m in args.models]
-    held_paths: dict[str, str] = {}
-    families: dict[str, str] = {}
     try:
-        if args.zoo or args.hold_out:
-            zoo_models, held_paths = zoo_suite(args.family, args.member, args.hold_out)
-            models += zoo_models
-            families = {m.name: m.family for m in zoo.ZOO}
-        if not models:
+        chosen, held_members = zoo_choice(args)
+        if not models and not chosen:
             raise UserError("no model left in the suite (everything chosen is held out)")
     except UserError as error:
         print(f"bench/bricks.py: {error}", file=sys.stderr)
         return 1
+    if chosen or held_members:
+        print(f"zoo: {len(chosen)} members in the suite, {len(held_members)} held out", flush=True)
+    paths = build_members([*chosen, *held_members])
+    models += [paths[m.name] for m in chosen]
+    held_paths = {m.name: paths[m.name] for m in held_members}
+    families = {m.name: m.family for m in zoo.ZOO}
     overrides = (f"min_duration={args.measure_ms}",) + ((f"intra_op_threads={args.threads}",)
                                                          if args.threads is not None else ())
     base = RunRequest(model=models[0], scenario="SingleStream", kind="bricks", backend="onnxruntime",
