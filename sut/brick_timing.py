@@ -153,7 +153,7 @@ def fresh_inputs_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callab
     values, same memory), as the node that produces them in the model has just written them. Without
     it a brick reads inputs every core holds cached read-only from the previous call, which on this
     2-core machine made the composed estimate of light_resnet50 7% and of light_squeezenet 14% too low
-    with 2 threads (docs/bricks.md)."""
+    with 2 threads (docs/notes/bricks-2026-11-27.md)."""
     arrays = {name: np.array(array, copy=True, order="C") for name, array in feed.items()}
     originals = {name: array.copy() for name, array in arrays.items()}
 
@@ -171,7 +171,7 @@ def bound_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callable[[], 
     inputs), the outputs over arrays allocated once, so a call allocates nothing. With `session.run`
     each call allocated its outputs (fresh pages for a large one), which the model's arena does not:
     that overhead, unlike the call's own, is not in the empty call and inflated small kernels
-    (docs/bricks.md). The binding is run through the session's native object: the Python wrapper's
+    (docs/notes/bricks-2026-11-27.md). The binding is run through the session's native object: the Python wrapper's
     checks cost about 35 us a call with onnxruntime 1.31, the native call about 1 us."""
     import onnxruntime as ort
 
@@ -206,7 +206,7 @@ def fresh_bound_call(session: Any, feed: dict[str, np.ndarray]) -> tuple[Callabl
     # The whole input is copied back from a saved copy. Writing one element per cache line instead (the
     # line is as dirty, at a third of the cost) made the estimates worse: shufflenet-v2-x0.5 -15% and
     # -21% of a plain session against -10% and -4%, squeezenet-1.1 -7% against -4% and -3%
-    # (docs/bricks.md). Reading the saved copy passes as many bytes again through the caches, as the
+    # (docs/notes/bricks-2026-11-27.md). Reading the saved copy passes as many bytes again through the caches, as the
     # model's other nodes do between two calls of this one.
     originals = {name: array.copy() for name, array in inputs.items()}
 
