@@ -114,8 +114,8 @@ class Generation(Doc):
         "greedy", description="'greedy' (seeded sampling is not built yet)")
     chat_template: bool = Field(True, description="true or false")
     system_prompt: str | None = Field(None, description="the text of the system turn")
-    stop: list[Annotated[str, Field(min_length=1), Expect("a non-empty stop string")]] = Field(
-        default_factory=list, description="a list of non-empty stop strings")
+    stop: tuple[Annotated[str, Field(min_length=1), Expect("a non-empty stop string")], ...] = Field(
+        (), description="a list of non-empty stop strings")
     context_window: int | None = Field(None, gt=0, description="a positive token count")
 
     @model_validator(mode="after")
@@ -124,6 +124,10 @@ class Generation(Doc):
             refuse_all([(("context_window",), f"more tokens than max_new_tokens ({self.max_new_tokens})",
                          self.context_window)])
         return self
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_new_tokens": self.max_new_tokens, "decoding": self.decoding, "chat_template": self.chat_template,
+                "system_prompt": self.system_prompt, "stop": list(self.stop), "context_window": self.context_window}
 
 
 # -- what each framework needs ---------------------------------------------------------------------
@@ -198,28 +202,76 @@ FRAMEWORK_RULES = (
 )
 
 
+def _non_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    if not value:
+        refuse("a non-empty list of tensors")
+    return value
+
+
+# A check of its own, not min_length: pydantic's tuple says "too short" again when an item is wrong.
+Tensors = Annotated[tuple[Tensor, ...], AfterValidator(_non_empty), Field(json_schema_extra={"minItems": 1})]
+
+
 class ModelDoc(ManifestDoc):
+    """A model manifest, as validated and as the runtime reads it: the sections the file writes
+    (framework, sources, accuracy) are kept whole, and read through flat views (framework: the
+    name, sources: role or file name -> artifact, accuracy: the metric and its options)."""
+
     model_config = ConfigDict(json_schema_extra={"allOf": [rule.json_schema() for rule in FRAMEWORK_RULES]})
     expected: ClassVar[str] = "a mapping with kind: model"
 
     kind: Literal["model"] = Field(description="'model'")
-    framework: Framework = Field(description=Framework.expected)
+    framework_section: Framework = Field(alias="framework", description=Framework.expected)
     mlperf_benchmark: str | None = Field(None, description="an MLPerf benchmark name")
-    inputs: list[Tensor] = Field(min_length=1, description="a non-empty list of tensors")
-    outputs: list[Tensor] = Field(min_length=1, description="a non-empty list of tensors")
+    inputs: Tensors = Field(description="a non-empty list of tensors")
+    outputs: Tensors = Field(description="a non-empty list of tensors")
     result: Tensor | None = Field(None, description=Tensor.expected)
-    sources: Sources | None = Field(None, description=Sources.expected)
+    sources_section: Sources | None = Field(None, alias="sources", description=Sources.expected)
     preprocess: Code | None = None
     postprocess: Code | None = None
     attributes: ModelAttributes = Field(default_factory=dict)
-    accuracy: ModelMetric | None = Field(None, description=ModelMetric.expected)
+    accuracy_section: ModelMetric | None = Field(None, alias="accuracy", description=ModelMetric.expected)
     dataset: str | None = Field(None, description="a default dataset name")
     generation: Generation | None = Field(None, description=Generation.expected)
 
     @model_validator(mode="after")
     def _what_the_framework_needs(self) -> ModelDoc:
-        fw = self.framework.name
+        fw = self.framework
         problems = [rule.problem(fw) for rule in FRAMEWORK_RULES if rule.applies(fw) and rule.broken(self)]
         if problems:
             refuse_all(problems)
         return self
+
+    @property
+    def framework(self) -> str:
+        return self.framework_section.name
+
+    @property
+    def framework_version(self) -> str:
+        return self.framework_section.version
+
+    @property
+    def sources(self) -> dict[str, Artifact]:
+        """Every file the model reads by its role (graph, weights, torchscript) or its name (files)."""
+        src = self.sources_section or Sources()
+        roles = {"graph": src.graph, "weights": src.weights, "torchscript": src.torchscript}
+        return {**{role: art for role, art in roles.items() if art is not None}, **src.files}
+
+    @property
+    def factory(self) -> str | None:
+        module = self.sources_section.module if self.sources_section else None
+        return module.factory if module else None
+
+    @property
+    def graph_transforms(self) -> tuple[str, ...]:
+        graph = self.sources_section.graph if self.sources_section else None
+        return tuple(graph.transforms or ()) if graph else ()
+
+    @property
+    def accuracy(self) -> dict[str, Any]:
+        """The metric and its own options, as a metric is called with them."""
+        return self.accuracy_section.model_dump() if self.accuracy_section is not None else {}
+
+    @property
+    def default_dataset(self) -> str | None:
+        return self.dataset

@@ -9,14 +9,18 @@ reference schemas; the model's is mlharness.specs.model_schema, the parts severa
 (artifact, tensor, metric) mlharness.specs.schema_parts, and the base class and shared field types
 mlharness.specs.schema_fields.
 
-mlharness.specs.manifests turns a validated document into the frozen manifest the runtime uses;
+A validated document is the manifest the runtime reads (frozen; mlharness.specs.manifests loads it
+and names each kind as the runtime does, ModelManifest for ModelDoc and so on): where the runtime
+reads a section in another shape than the file writes it (a reference's accuracy rules as mappings),
+a property gives that view, so there is one type per manifest kind and nothing is copied by hand.
 mlharness.specs.validation turns pydantic's errors into this project's one-line problems."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from mlharness.specs.model_schema import (  # noqa: F401  (every schema class stays reachable here, as before the split)
     DECODINGS,
@@ -64,9 +68,24 @@ class DatasetDoc(ManifestDoc):
     samples: Code
     load: Code | None = None
     sample_count: int = Field(gt=0, description="a positive integer")
-    evaluation: Metric | None = Field(None, description=Metric.expected)
+    evaluation_section: Metric | None = Field(None, alias="evaluation", description=Metric.expected)
     attributes: Mapping = Field(default_factory=dict)  # hints for user code, e.g. max_tokens
     generation: DatasetGeneration | None = Field(None, description=DatasetGeneration.expected)
+
+    @field_validator("sources")
+    @classmethod
+    def _names_as_text(cls, value: dict[Any, Artifact]) -> dict[str, Artifact]:
+        return {str(key): art for key, art in value.items()}  # YAML reads `7:` as a number
+
+    @property
+    def evaluation(self) -> dict[str, Any]:
+        """The metric and its own options, as a metric is called with them ({}: none declared)."""
+        return self.evaluation_section.model_dump() if self.evaluation_section is not None else {}
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """generation.max_new_tokens: replaces a generative model's own."""
+        return self.generation.max_new_tokens if self.generation is not None else None
 
 
 PackageConstraint = Annotated[str, version_constraint("a version constraint such as '==1.31.1' or '>=2.0'"),
@@ -82,6 +101,16 @@ class SoftwareDoc(ManifestDoc):
         default_factory=dict, description="a mapping package -> version constraint")
     environment: dict[str, Any] = Field(default_factory=dict, description="a mapping VAR -> value")
 
+    @field_validator("packages")
+    @classmethod
+    def _any_version(cls, value: dict[str, str | None]) -> dict[str, str]:
+        return {name: constraint or "" for name, constraint in value.items()}  # `numpy:` alone: any version
+
+    @field_validator("environment")
+    @classmethod
+    def _values_as_text(cls, value: dict[str, Any]) -> dict[str, str]:
+        return {name: str(setting) for name, setting in value.items()}  # as a process environment holds them
+
 
 class TensorRT(Doc):
     """ONNX Runtime's TensorRT execution provider on a cuda:N device."""
@@ -92,6 +121,20 @@ class TensorRT(Doc):
     fp16: bool = Field(False, description="true or false")
     engine_cache: Annotated[str, nonblank("a folder for built engines (relative to this file)")] | None = Field(
         None, description="a folder for built engines (relative to this file)", json_schema_extra={"pattern": r"\S"})
+
+    @field_validator("engine_cache")
+    @classmethod
+    def _beside_the_manifest(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """The folder as the runtime opens it: home expanded, a relative one taken from the manifest's
+        folder (the loader's context), as every path in a manifest is."""
+        if value is None:
+            return None
+        folder = Path(value).expanduser()
+        manifest = (info.context or {}).get("manifest")
+        return str(folder if folder.is_absolute() or manifest is None else Path(manifest).parent / folder)
+
+    def describe(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "fp16": self.fp16, "engine_cache": self.engine_cache}
 
 
 ThreadCount = Annotated[int, Field(ge=0, description="a thread count >= 0 (0 = automatic)")]
@@ -107,7 +150,7 @@ class HardwareDoc(ManifestDoc):
     device: str = Field(pattern=DEVICE.pattern, description="cpu or cuda:N")
     intra_op_threads: ThreadCount = 0
     inter_op_threads: ThreadCount = 0
-    cpu_affinity: list[Annotated[int, Field(ge=0), Expect("a CPU index >= 0")]] | None = Field(
+    cpu_affinity: tuple[Annotated[int, Field(ge=0), Expect("a CPU index >= 0")], ...] | None = Field(
         None, description="a list of CPU indices")
     system: Any = Field(None, description="a free-form description of the system")
     tensorrt: TensorRT | None = Field(None, description=TensorRT.expected)
@@ -118,6 +161,11 @@ class HardwareDoc(ManifestDoc):
             refuse_all([(("tensorrt", "enabled"), f"false on device {self.device} (TensorRT runs on a cuda:N device)",
                          True)])
         return self
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _empty_is_no_affinity(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return value or None  # [] pins nothing: every CPU, as no list
 
 
 class Identity(Doc):
@@ -160,13 +208,34 @@ class ReferenceDoc(ManifestDoc):
     expected: ClassVar[str] = "a mapping with kind: reference"
 
     kind: Literal["reference"] = Field(description="'reference'")
-    model: Identity = Field(description=Identity.expected)
-    dataset: Identity = Field(description=Identity.expected)
+    model_section: Identity = Field(alias="model", description=Identity.expected)
+    dataset_section: Identity = Field(alias="dataset", description=Identity.expected)
     backend: str = Field(min_length=1, description="a backend name")
-    accuracy: dict[str, Expectation] = Field(default_factory=dict,
-                                             description="a mapping metric -> {expected, tolerance or min_fraction}")
+    accuracy_section: dict[str, Expectation] = Field(
+        default_factory=dict, alias="accuracy", description="a mapping metric -> {expected, tolerance or min_fraction}")
     performance: dict[str, Any] = Field(default_factory=dict, description="a mapping scenario -> figures")
-    outputs: list[OutputCheck] = Field(default_factory=list, description="a list of {sample, values, atol}")
+    outputs_section: tuple[OutputCheck, ...] = Field((), alias="outputs", description="a list of {sample, values, atol}")
+
+    @property
+    def model(self) -> dict[str, str]:
+        """The model's identity as the file gives it (no sha256 key where it gives none)."""
+        return self.model_section.model_dump(exclude_none=True)
+
+    @property
+    def dataset(self) -> dict[str, str]:
+        return self.dataset_section.model_dump(exclude_none=True)
+
+    @property
+    def accuracy(self) -> dict[str, dict[str, float]]:
+        """metric -> {expected, and tolerance or min_fraction}: the rule that metric is checked by."""
+        return {name: {"expected": rule.expected_value, **({"tolerance": rule.tolerance} if rule.min_fraction is None
+                                                          else {"min_fraction": rule.min_fraction})}
+                for name, rule in self.accuracy_section.items()}
+
+    @property
+    def outputs(self) -> tuple[dict[str, Any], ...]:
+        """Each output check as {sample, values, atol where given}."""
+        return tuple(check.model_dump(exclude_none=True) for check in self.outputs_section)
 
 
 SCHEMAS: dict[str, type[Doc]] = {"model": ModelDoc, "dataset": DatasetDoc, "software": SoftwareDoc,

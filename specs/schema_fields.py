@@ -5,11 +5,13 @@ description a problem line and the JSON Schema both show."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from typing_extensions import Self
 
-from mlharness.specs.validation import NAME, SEMVER, SHA256, refuse
+from mlharness.specs.validation import NAME, SEMVER, SHA256, refuse, unwrap
 
 CODE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 DIM_NAME = re.compile(r"^[A-Za-z_]\w*$")
@@ -36,6 +38,16 @@ class Doc(BaseModel):
         fields = {f.alias or name: f for name, f in cls.model_fields.items()}
         return {k: v for k, v in data.items()
                 if v is not None and not (v == "" and k in fields and fields[k].is_required())}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists_as_tuples(cls, data: Any) -> Any:
+        """A YAML list where a field holds a tuple (frozen data, as the runtime reads it) is taken as one."""
+        if not isinstance(data, dict):
+            return data
+        tuples = {f.alias or name for name, f in cls.model_fields.items()
+                  if get_origin(unwrap(f.annotation)[0]) is tuple}
+        return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in data.items()}
 
 
 # -- field types -------------------------------------------------------------------------------------
@@ -83,9 +95,53 @@ Mapping = Annotated[dict[str, Any], Field(description="a mapping")]
 
 
 class ManifestDoc(Doc):
-    """What every manifest has: its kind (each kind's schema names its own), name, version, description."""
+    """What every manifest has: its kind (each kind's schema names its own), name, version, description;
+    and, once loaded (`located`), the file it was read from, that file's sha256 and the document as
+    parsed. A manifest compares by its fields, path and sha256, not by its document."""
+
+    # A field whose file name differs from its own (`framework` is the view the runtime reads, the
+    # section is `framework_section`) is written in a file by its file name only.
+    model_config = ConfigDict(populate_by_name=False)
 
     kind: str = Field(description="the manifest's kind")
     name: Name
     version: Version
     description: Description = ""
+
+    _path: Path = PrivateAttr(default_factory=Path)
+    _sha256: str = PrivateAttr("")
+    _doc: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def located(self, path: Path, sha256: str, doc: dict[str, Any] | None = None) -> Self:
+        """This manifest as read from `path`, whose bytes have `sha256`, parsed as `doc`."""
+        found = self.model_copy()
+        found._path, found._sha256, found._doc = Path(path), sha256, doc if doc is not None else {}
+        return found
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return self._doc
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def identity(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "sha256": self.sha256, "path": str(self.path)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ManifestDoc):
+            return NotImplemented
+        return (type(self) is type(other) and self.__dict__ == other.__dict__
+                and (self.path, self.sha256) == (other.path, other.sha256))
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.path, self.sha256))  # equal manifests have these equal

@@ -1,5 +1,6 @@
 """Parts several manifest kinds share: an artifact (fetched and verified by its sha256, or made from
-another model by a recorded conversion), a tensor and a metric."""
+another model by a recorded conversion), a tensor and a metric. Validated, they are what the runtime
+reads (mlharness.specs.manifests names them Artifact, Conversion, TensorSpec)."""
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
@@ -31,7 +32,7 @@ def _example_dims(value: dict[Any, Any]) -> dict[str, int]:
            or not isinstance(size, int) or size <= 0]
     if bad:
         refuse_all(bad)
-    return value
+    return dict(sorted(value.items()))  # by name: the conversion's description (its cache key) ignores the file's order
 
 
 Dim = Annotated[Any, AfterValidator(_dim), Expect("a positive size or a symbolic dim name"),
@@ -51,6 +52,9 @@ class Conversion(Doc):
                                             "additionalProperties": {"type": "integer", "minimum": 1}})] = Field(
         default_factory=dict, description="a mapping symbolic dim -> example size")
 
+    def describe(self) -> dict[str, Any]:
+        return {"from": self.source, "to": self.to, "opset": self.opset, "example_dims": dict(self.example_dims)}
+
 
 class Artifact(Doc):
     """A file fetched and verified by its sha256, or made from another model by a recorded conversion."""
@@ -60,7 +64,7 @@ class Artifact(Doc):
         {"required": ["convert"], "not": {"anyOf": [{"required": ["uri"]}, {"required": ["sha256"]}]}}]})
     expected: ClassVar[str] = "a mapping {uri, sha256}"
 
-    uri: str | None = Field(None, description=URI_TEXT, json_schema_extra={"minLength": 1})
+    uri: str = Field("", description=URI_TEXT, json_schema_extra={"minLength": 1})  # "": made by its conversion
     sha256: Sha256 | None = None
     transforms: list[Annotated[str, Expect("a transform name")]] | None = Field(
         None, description="a list of transform names")
@@ -76,7 +80,7 @@ class Artifact(Doc):
                 problems.append((("sha256",), "no sha256 on a converted artifact (its bytes depend on the machine; "
                                  "the conversion's output check verifies it and the run records its sha256)",
                                  self.sha256))
-            if self.uri is not None:
+            if "uri" in self.model_fields_set:
                 problems.append((("uri",), "either uri or convert, not both", self.uri))
             if problems:
                 refuse_all(problems)
@@ -95,8 +99,12 @@ class Tensor(Doc):
     name: str = Field(min_length=1, description="a tensor name")
     type: str = Field("tensor", description="a tensor type such as image, tokens, probabilities")
     element_type: Literal[ELEMENT_TYPES] = Field(description=f"one of {list(ELEMENT_TYPES)}")  # type: ignore[valid-type]
-    shape: list[Dim] = Field(description="a list of sizes and symbolic dims such as [batch, 3, 224, 224]")
+    shape: tuple[Dim, ...] = Field(description="a list of sizes and symbolic dims such as [batch, 3, 224, 224]")
     layout: str | None = Field(None, description="a layout such as NCHW")
+
+    def sample_shape(self) -> tuple[int | str, ...]:
+        """The shape of one sample: the declared shape without its leading batch dimension."""
+        return self.shape[1:] if self.shape and self.shape[0] == "batch" else self.shape
 
 
 class Metric(Doc):

@@ -129,6 +129,7 @@ def problems_from(error: ValidationError, source: str, root: type[BaseModel], do
 
 
 def _line(source: str, path: str, expected: str, got: Any = _MISSING) -> str:
+    got = list(got) if isinstance(got, tuple) else got  # a list in the file, made a tuple as it was read
     got_text = "" if got is _MISSING else f", got {_short(got)}"
     return f"{source}: {path or '<document>'}: expected {expected}{got_text}"
 
@@ -139,22 +140,22 @@ def _steps(root: type[BaseModel], loc: tuple[Any, ...]) -> list[tuple[str, Any, 
     steps = []
     current: Any = root
     for part in loc:
-        base, meta = _unwrap(current)
+        base, meta = unwrap(current)
         if isinstance(base, type) and issubclass(base, BaseModel):
             field = _field(base, part)
             if field is None:
                 current, meta = Any, []
             else:
                 current = field.annotation
-                inner_base, inner_meta = _unwrap(current)
+                inner_base, inner_meta = unwrap(current)
                 meta = [field.description, *field.metadata, *inner_meta]
             steps.append((f".{part}", current, meta))
-        elif get_origin(base) is list:
+        elif get_origin(base) in (list, tuple):  # tuple: tuple[X, ...], a list in the file
             current = get_args(base)[0]
-            steps.append((f"[{part}]", current, _unwrap(current)[1]))
+            steps.append((f"[{part}]", current, unwrap(current)[1]))
         elif get_origin(base) is dict:
             current = get_args(base)[1]
-            steps.append((f".{part}", current, _unwrap(current)[1]))
+            steps.append((f".{part}", current, unwrap(current)[1]))
         else:
             current = Any
             steps.append((f".{part}", current, []))
@@ -171,9 +172,9 @@ def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool) -> s
     if not loc:
         return root.expected  # type: ignore[attr-defined]
     if is_key:  # a key of a mapping field: loc is (..., the field, the key)
-        mapping, _ = _unwrap(_steps(root, loc[:-1])[-1][1])
+        mapping, _ = unwrap(_steps(root, loc[:-1])[-1][1])
         key_type = get_args(mapping)[0]
-        return _text(_unwrap(key_type)[1]) or _of_type(key_type, "a key")
+        return _text(unwrap(key_type)[1]) or _of_type(key_type, "a key")
     _, current, meta = _steps(root, loc)[-1]
     return _text(meta) or _of_type(current, "a valid value")
 
@@ -181,7 +182,7 @@ def _expected_at(root: type[BaseModel], loc: tuple[Any, ...], is_key: bool) -> s
 def _of_type(tp: Any, otherwise: str) -> str:
     """What a type without a description expects: its model's mapping, its Literal's choices, or the
     plain type's name."""
-    base, _ = _unwrap(tp)
+    base, _ = unwrap(tp)
     if isinstance(base, type) and issubclass(base, BaseModel):
         return base.expected  # type: ignore[attr-defined]
     if get_origin(base) is Literal:
@@ -190,7 +191,7 @@ def _of_type(tp: Any, otherwise: str) -> str:
 
 
 _PLAIN = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
-          dict: "a mapping"}
+          tuple: "a list", dict: "a mapping"}
 
 
 def _text(meta: list[Any]) -> str | None:
@@ -209,7 +210,7 @@ def _text(meta: list[Any]) -> str | None:
     return None
 
 
-def _unwrap(tp: Any) -> tuple[Any, list[Any]]:
+def unwrap(tp: Any) -> tuple[Any, list[Any]]:
     """A type without its Annotated metadata and its `X | None`: (the base type, the metadata)."""
     meta: list[Any] = []
     while True:
@@ -234,7 +235,7 @@ def _field(model: type[BaseModel], part: Any) -> Any:
 
 def _allowed(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The fields of the model at `loc` (an unknown field's parent, always a model)."""
-    base = _unwrap(_steps(root, loc)[-1][1])[0] if loc else root
+    base = unwrap(_steps(root, loc)[-1][1])[0] if loc else root
     return sorted(field.alias or name for name, field in base.model_fields.items())
 
 

@@ -208,8 +208,8 @@ def _dynamic_axes(source: ModelManifest) -> dict[str, dict[int, str]]:
 
 
 def _cpu_hardware() -> HardwareManifest:
-    return HardwareManifest(kind="hardware", name="conversion-cpu", version="1.0.0", path=Path("<conversion>"),
-                            sha256="", doc={}, device="cpu")
+    return HardwareManifest(kind="hardware", name="conversion-cpu", version="1.0.0", device="cpu").located(
+        Path("<conversion>"), "")
 
 
 @exporter("torch", "onnx", ".onnx", ("torch",))

@@ -112,8 +112,7 @@ def build(zoo_member: ZooMember, out: Path | None = None, force: bool = False) -
     folder = Path(out) if out is not None else zoo_dir()
     folder.mkdir(parents=True, exist_ok=True)
     source_path = write_text(folder / f"{zoo_member.name}-torch.yaml", torch_manifest(zoo_member))
-    graph = Artifact(uri="", sha256=None, convert=Conversion(source=source_path.name, to="onnx", opset=OPSET,
-                                                             example_dims=(("batch", 1),)))
+    graph = Artifact(convert=Conversion(source=source_path.name, to="onnx", opset=OPSET, example_dims={"batch": 1}))
     started = time.perf_counter()
     done = convert(graph, f"{source_path}: zoo member {zoo_member.name}", folder, force=force)
     seconds = time.perf_counter() - started

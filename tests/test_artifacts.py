@@ -18,14 +18,14 @@ def test_plain_relative_and_file_uri(tmp_path: Path) -> None:
     blob = tmp_path / "w.bin"
     blob.write_bytes(b"weights")
     digest = sha256(blob)
-    assert resolve(Artifact("w.bin", digest), "m.yaml: sources.weights", tmp_path) == blob
-    assert resolve(Artifact(f"file://{blob}", digest), "m.yaml: sources.weights", Path("/")) == blob
+    assert resolve(Artifact(uri="w.bin", sha256=digest), "m.yaml: sources.weights", tmp_path) == blob
+    assert resolve(Artifact(uri=f"file://{blob}", sha256=digest), "m.yaml: sources.weights", Path("/")) == blob
 
 
 def test_package_uri_finds_a_file_inside_an_installed_package(tmp_path: Path) -> None:
     # A file shipped in the pinned onnx wheel: the same bytes on every machine (unlike a converted one).
-    art = Artifact("package://onnx/backend/test/data/light/light_resnet50.onnx",
-                   "05e77a5c9c9ce0913f549a50d6ebaced5e0ff6817b61e09bae26e4c5bd9055e4")
+    art = Artifact(uri="package://onnx/backend/test/data/light/light_resnet50.onnx",
+                   sha256="05e77a5c9c9ce0913f549a50d6ebaced5e0ff6817b61e09bae26e4c5bd9055e4")
     assert resolve(art, "where", tmp_path).name == "light_resnet50.onnx"
 
 
@@ -33,16 +33,16 @@ def test_checksum_mismatch_names_both_digests(tmp_path: Path) -> None:
     blob = tmp_path / "w.bin"
     blob.write_bytes(b"weights")
     with pytest.raises(UserError, match=r"m.yaml: sources.weights: sha256 mismatch for w.bin: expected 0{64}, got [0-9a-f]{64}"):
-        resolve(Artifact("w.bin", "0" * 64), "m.yaml: sources.weights", tmp_path)
+        resolve(Artifact(uri="w.bin", sha256="0" * 64), "m.yaml: sources.weights", tmp_path)
 
 
 def test_missing_file_and_package_and_scheme(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not found"):
-        resolve(Artifact("nope.bin", None), "where", tmp_path)
+        resolve(Artifact(uri="nope.bin", sha256="0" * 64), "where", tmp_path)
     with pytest.raises(UserError, match="package 'no_such_pkg_xyz' is not installed"):
-        resolve(Artifact("package://no_such_pkg_xyz/a.bin", None), "where", tmp_path)
+        resolve(Artifact(uri="package://no_such_pkg_xyz/a.bin", sha256="0" * 64), "where", tmp_path)
     with pytest.raises(UserError, match="unsupported URI scheme 's3'"):
-        resolve(Artifact("s3://bucket/a.bin", None), "where", tmp_path)
+        resolve(Artifact(uri="s3://bucket/a.bin", sha256="0" * 64), "where", tmp_path)
 
 
 def _tar(path: Path, members: dict[str, bytes], symlink: tuple[str, str] | None = None) -> Path:

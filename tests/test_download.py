@@ -112,22 +112,22 @@ def cached_files(cache: Path) -> list[Path]:
 
 def test_first_resolve_downloads_and_the_second_reuses_the_cache(server: Server, trusted: Path) -> None:
     url, digest = serve(server, "first.bin")
-    path = resolve(Artifact(url, digest), WHERE, Path("/"))
+    path = resolve(Artifact(uri=url, sha256=digest), WHERE, Path("/"))
     assert server.count("first.bin") == 1
     assert path.is_relative_to(trusted / "downloads") and path.name == "first.bin"
     assert path.read_bytes() == PAYLOAD and cached_files(trusted) == [path]  # no .part left beside it
-    again = resolve(Artifact(url, digest), WHERE, Path("/"))
+    again = resolve(Artifact(uri=url, sha256=digest), WHERE, Path("/"))
     assert again == path and server.count("first.bin") == 1  # no second request
     # Another cache is another download.
     (trusted / "downloads").rename(trusted / "elsewhere")
-    assert resolve(Artifact(url, digest), WHERE, Path("/")) == path and server.count("first.bin") == 2
+    assert resolve(Artifact(uri=url, sha256=digest), WHERE, Path("/")) == path and server.count("first.bin") == 2
 
 
 def test_a_checksum_mismatch_is_one_line_and_leaves_nothing_in_the_cache(server: Server, trusted: Path) -> None:
     url, digest = serve(server, "mismatch.bin")
     wrong = "0" * 64
     with pytest.raises(UserError) as caught:
-        resolve(Artifact(url, wrong), WHERE, Path("/"))
+        resolve(Artifact(uri=url, sha256=wrong), WHERE, Path("/"))
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"{WHERE}: sha256 mismatch for {url}: expected {wrong}, got {digest}")
@@ -138,7 +138,7 @@ def test_a_checksum_mismatch_is_one_line_and_leaves_nothing_in_the_cache(server:
 def test_a_failed_download_leaves_no_partial_file(server: Server, trusted: Path) -> None:
     url = server.url("missing.bin")
     with pytest.raises(UserError) as caught:
-        resolve(Artifact(url, "0" * 64), WHERE, Path("/"))
+        resolve(Artifact(uri=url, sha256="0" * 64), WHERE, Path("/"))
     message = str(caught.value)
     assert message.startswith(f"{WHERE}: cannot download {url}: HTTP Error 404") and "\n" not in message
     assert cached_files(trusted) == []
@@ -147,7 +147,7 @@ def test_a_failed_download_leaves_no_partial_file(server: Server, trusted: Path)
 def test_a_download_cut_short_leaves_nothing_in_the_cache(server: Server, trusted: Path) -> None:
     url = server.url("truncated/cut.bin")
     with pytest.raises(UserError) as caught:
-        resolve(Artifact(url, hashlib.sha256(PAYLOAD).hexdigest()), WHERE, Path("/"))
+        resolve(Artifact(uri=url, sha256=hashlib.sha256(PAYLOAD).hexdigest()), WHERE, Path("/"))
     message = str(caught.value)
     assert message.startswith(f"{WHERE}: ") and url in message and "\n" not in message
     assert server.count("truncated/cut.bin") == 1
@@ -161,7 +161,7 @@ def test_an_untrusted_certificate_is_refused(server: Server, tmp_path: Path, mon
     monkeypatch.setenv("MLHARNESS_CACHE", str(tmp_path / "cache"))
     url, digest = serve(server, "untrusted.bin")
     with pytest.raises(UserError, match=r"cannot download .*CERTIFICATE_VERIFY_FAILED"):
-        resolve(Artifact(url, digest), WHERE, Path("/"))
+        resolve(Artifact(uri=url, sha256=digest), WHERE, Path("/"))
     assert cached_files(tmp_path / "cache") == []
 
 

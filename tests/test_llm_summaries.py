@@ -53,8 +53,9 @@ def test_the_99_percent_rule_is_one_sided():
     from mlharness.running.accuracy import compare
     from mlharness.specs.manifests import ReferenceLog
 
-    reference = ReferenceLog(kind="reference", name="r", version="1.0.0", path=Path("r.yaml"), sha256="", doc={},
-                             accuracy={"rouge1": {"expected": 0.4, "min_fraction": 0.99}})
+    reference = ReferenceLog(kind="reference", name="r", version="1.0.0", model={"name": "m", "version": "1.0.0"},
+                             dataset={"name": "d", "version": "1.0.0"}, backend="transformers",
+                             accuracy={"rouge1": {"expected": 0.4, "min_fraction": 0.99}}).located(Path("r.yaml"), "")
     verdicts = {}
     for measured in (0.396, 0.9, 0.3959):
         report = compare(MetricResult({"rouge1": measured}, "", {}), reference, {}, "rouge")

@@ -424,11 +424,12 @@ def test_a_full_model_yields_every_field(tmp_path: Path) -> None:
     assert (model.kind, model.name, model.version, model.path) == ("model", "tiny", "1.2.3", path)
     assert (model.description, model.mlperf_benchmark, model.default_dataset) == ("a tiny model", "resnet", "imagenet")
     assert (model.framework, model.framework_version) == ("onnxruntime", ">=1.0")
-    assert model.inputs == (TensorSpec("x", "tensor", "float32", ("batch", 4), "NC"),)
-    assert model.outputs == (TensorSpec("y", "tensor", "float32", ("batch", "classes", 1), None),)
-    assert model.result == TensorSpec("label", "class", "int64", ("batch",), None)
-    assert model.sources == {"graph": Artifact("model.onnx", SHA), "weights": Artifact("w.bin", "b" * 64),
-                             "vocab": Artifact("v.txt", "c" * 64)}
+    assert model.inputs == (TensorSpec(name="x", element_type="float32", shape=("batch", 4), layout="NC"),)
+    assert model.outputs == (TensorSpec(name="y", element_type="float32", shape=("batch", "classes", 1)),)
+    assert model.result == TensorSpec(name="label", type="class", element_type="int64", shape=("batch",))
+    assert model.sources == {"graph": Artifact(uri="model.onnx", sha256=SHA, transforms=["fold", "fuse"]),
+                             "weights": Artifact(uri="w.bin", sha256="b" * 64),
+                             "vocab": Artifact(uri="v.txt", sha256="c" * 64)}
     assert model.graph_transforms == ("fold", "fuse")
     assert model.factory is None
     assert model.preprocess == "import numpy\ndef preprocess(x):\n    return x\n"
@@ -449,8 +450,8 @@ def test_a_minimal_model_gets_its_defaults(tmp_path: Path) -> None:
     ("null", DEL, {}),
     ("null", {}, {}),
     ("torch", {"module": {"factory": "pkg.models:build"}, "weights": {"uri": "w.pt", "sha256": SHA}},
-     {"weights": Artifact("w.pt", SHA)}),
-    ("torch", {"torchscript": {"uri": "m.pt", "sha256": SHA}}, {"torchscript": Artifact("m.pt", SHA)}),
+     {"weights": Artifact(uri="w.pt", sha256=SHA)}),
+    ("torch", {"torchscript": {"uri": "m.pt", "sha256": SHA}}, {"torchscript": Artifact(uri="m.pt", sha256=SHA)}),
 ])
 def test_what_each_framework_requires_of_sources(tmp_path: Path, framework: str, sources: Any,
                                                  expected: dict) -> None:
@@ -468,8 +469,9 @@ def test_an_inline_factory_of_several_lines_is_kept(tmp_path: Path) -> None:
 def test_a_converted_graph_records_its_conversion(tmp_path: Path) -> None:
     convert = {"from": "../src.yaml", "to": "onnx", "opset": 17, "example_dims": {"seq": 8, "batch": 2, "n": 1}}
     model = load_manifest(write(tmp_path, "model", {"sources.graph": {"convert": convert}}))
-    conversion = Conversion("../src.yaml", "onnx", 17, (("batch", 2), ("n", 1), ("seq", 8)))
-    assert model.sources == {"graph": Artifact("", None, conversion)}
+    conversion = Conversion(source="../src.yaml", to="onnx", opset=17, example_dims={"batch": 2, "n": 1, "seq": 8})
+    assert model.sources == {"graph": Artifact(convert=conversion)}
+    assert list(conversion.example_dims) == ["batch", "n", "seq"]  # by name, whatever the file's order
     assert conversion.describe() == {"from": "../src.yaml", "to": "onnx", "opset": 17,
                                      "example_dims": {"batch": 2, "n": 1, "seq": 8}}
 
@@ -478,7 +480,7 @@ def test_a_converted_graph_records_its_conversion(tmp_path: Path) -> None:
 def test_opset_bounds_are_inclusive_and_optional(tmp_path: Path, opset: int | None) -> None:
     convert = {**CONVERT, **({"opset": opset} if opset else {})}
     model = load_manifest(write(tmp_path, "model", {"sources.graph": {"convert": convert}}))
-    assert model.sources["graph"].convert == Conversion("src.yaml", "onnx", opset, ())
+    assert model.sources["graph"].convert == Conversion(source="src.yaml", to="onnx", opset=opset)
     assert model.sources["graph"].convert.describe()["example_dims"] == {}
 
 
@@ -490,7 +492,7 @@ def test_a_good_dataset_yields_every_field(tmp_path: Path) -> None:
     dataset = load_manifest(path)
     assert (dataset.kind, dataset.name, dataset.description, dataset.samples, dataset.load) == \
         ("dataset", "d", "d", "m:f", load)
-    assert dataset.sources == {"images": Artifact("i.npy", SHA), "7": Artifact("x", SHA)}
+    assert dataset.sources == {"images": Artifact(uri="i.npy", sha256=SHA), "7": Artifact(uri="x", sha256=SHA)}
     assert (dataset.sample_count, dataset.evaluation, dataset.attributes) == (1, {"metric": "topk"}, {"max_tokens": 4})
 
 
@@ -516,10 +518,10 @@ def test_software_packages_and_environment_become_strings(tmp_path: Path) -> Non
      {"device": "cuda:12", "intra_op_threads": 4, "inter_op_threads": 2, "cpu_affinity": (3, 0), "tensorrt": None}),
     ({"intra_op_threads": 0, "cpu_affinity": [], "tensorrt": None},
      {"intra_op_threads": 0, "cpu_affinity": None, "tensorrt": None}),
-    ({"tensorrt": {"enabled": False}}, {"device": "cpu", "tensorrt": TensorRTOptions(False, False, None)}),
-    ({"device": "cuda:0", "tensorrt": {}}, {"tensorrt": TensorRTOptions(True, False, None)}),
+    ({"tensorrt": {"enabled": False}}, {"device": "cpu", "tensorrt": TensorRTOptions(enabled=False)}),
+    ({"device": "cuda:0", "tensorrt": {}}, {"tensorrt": TensorRTOptions()}),
     ({"device": "cuda:0", "tensorrt": {"fp16": True, "engine_cache": "/abs/engines"}},
-     {"tensorrt": TensorRTOptions(True, True, "/abs/engines")}),
+     {"tensorrt": TensorRTOptions(fp16=True, engine_cache="/abs/engines")}),
 ])
 def test_hardware_values_and_defaults(tmp_path: Path, edits: dict, expected: dict) -> None:
     hardware = load_manifest(write(tmp_path, "hardware", edits))
@@ -565,7 +567,7 @@ def test_a_generative_model_yields_its_generation_settings(tmp_path: Path) -> No
     assert model.generation.describe() == {"max_new_tokens": 8, "decoding": "greedy", "chat_template": False,
                                            "system_prompt": "be brief", "stop": ["\n\n", "END"],
                                            "context_window": 64}
-    assert model.sources["weights"] == Artifact("m.gguf", SHA)
+    assert model.sources["weights"] == Artifact(uri="m.gguf", sha256=SHA)
     least = load_manifest(write(tmp_path, "model", {**GENERATIVE, "generation": {"max_new_tokens": 2}}, "least.yaml"))
     assert least.generation.describe() == {"max_new_tokens": 2, "decoding": "greedy", "chat_template": True,
                                            "system_prompt": None, "stop": [], "context_window": None}
@@ -812,7 +814,7 @@ def test_the_name_patterns(regex: Any, good: list[str], bad: list[str]) -> None:
     (("batch", "seq"), ("seq",)),
 ])
 def test_sample_shape_drops_only_a_leading_batch(shape: tuple, sample: tuple) -> None:
-    assert TensorSpec("x", "tensor", "float32", shape).sample_shape() == sample
+    assert TensorSpec(name="x", element_type="float32", shape=shape).sample_shape() == sample
 
 
 def test_tensor_shapes_keep_sizes_and_symbolic_dims(tmp_path: Path) -> None:
@@ -969,40 +971,51 @@ def test_an_entry_point_loads_its_object(plugin_dist: Path) -> None:
         load_entry_point(importlib.metadata.EntryPoint("bad", "no_such_module_xyz:f", "g"))
 
 
-# -- the dataclasses' own defaults (code builds some directly: mlharness.sut.conversion's HardwareManifest) ------
-
-def _bare(cls: type) -> Any:
-    return cls(kind="k", name="n", version="1.0.0", path=Path("p.yaml"), sha256=SHA, doc={})
-
+# -- one type per kind: built in code as from a file (mlharness.sut.conversion builds its CPU hardware) --
 
 @pytest.mark.parametrize("made, expected", [
-    (lambda: TensorSpec("x", "tensor", "float32", (1,)), {"layout": None}),
-    (lambda: Artifact("u", None), {"convert": None}),
-    (lambda: Conversion("a.yaml", "onnx"), {"opset": None, "example_dims": ()}),
+    (lambda: TensorSpec(name="x", element_type="float32", shape=[1]),
+     {"type": "tensor", "layout": None, "shape": (1,)}),
+    (lambda: Artifact(uri="u", sha256=SHA), {"convert": None, "transforms": None}),
+    (lambda: Conversion(source="a.yaml", to="onnx"), {"opset": None, "example_dims": {}}),
     (lambda: TensorRTOptions(), {"enabled": True, "fp16": False, "engine_cache": None}),
-    (lambda: _bare(manifests.HardwareManifest), {"device": "cpu", "intra_op_threads": 0, "inter_op_threads": 0,
-                                                  "cpu_affinity": None, "tensorrt": None}),
-    (lambda: _bare(manifests.ModelManifest), {
-        "description": "", "framework": "", "framework_version": "", "mlperf_benchmark": None, "inputs": (),
-        "outputs": (), "result": None, "sources": {}, "factory": None, "graph_transforms": (), "preprocess": None,
-        "postprocess": None, "attributes": {}, "accuracy": {}, "default_dataset": None}),
-    (lambda: _bare(manifests.DatasetManifest), {"description": "", "sources": {}, "samples": "", "load": None,
-                                                 "sample_count": 0, "evaluation": {}, "attributes": {}}),
-    (lambda: _bare(manifests.SoftwareManifest), {"packages": {}, "environment": {}}),
-    (lambda: _bare(manifests.ReferenceLog), {"model": {}, "dataset": {}, "backend": "", "accuracy": {},
-                                              "performance": {}, "outputs": ()}),
+    (lambda: manifests.HardwareManifest(**BASE["hardware"]), {
+        "device": "cpu", "intra_op_threads": 0, "inter_op_threads": 0, "cpu_affinity": None, "tensorrt": None,
+        "path": Path(), "sha256": "", "doc": {}}),
 ])
-def test_dataclass_defaults(made: Any, expected: dict) -> None:
+def test_built_in_code_with_its_defaults(made: Any, expected: dict) -> None:
     built = made()
     assert {key: getattr(built, key) for key in expected} == expected
 
 
+def test_the_runtime_names_are_the_schema_types() -> None:
+    from mlharness.specs import schema
+
+    assert (manifests.ModelManifest, manifests.DatasetManifest, manifests.SoftwareManifest,
+            manifests.HardwareManifest, manifests.ReferenceLog, manifests.Manifest) == \
+        (schema.ModelDoc, schema.DatasetDoc, schema.SoftwareDoc, schema.HardwareDoc, schema.ReferenceDoc,
+         schema.ManifestDoc)
+    assert (TensorSpec, GenerationSpec, TensorRTOptions, Artifact, Conversion) == \
+        (schema.Tensor, schema.Generation, schema.TensorRT, schema.Artifact, schema.Conversion)
+
+
+def test_a_manifest_is_frozen_and_its_field_names_are_not_file_keys(tmp_path: Path) -> None:
+    model = load_manifest(write(tmp_path, "model"))
+    with pytest.raises(ValidationError):
+        model.name = "other"  # type: ignore[misc]
+    inner_name = {"framework": DEL, "framework_section": {"name": "onnxruntime"}}  # a field's own name, not the file's
+    with pytest.raises(ManifestError, match=r"framework_section: expected no such field"):
+        load_manifest(write(tmp_path, "model", inner_name, "inner.yaml"))
+
+
 def test_a_manifest_compares_without_its_document() -> None:
-    one, two = _bare(manifests.SoftwareManifest), _bare(manifests.SoftwareManifest)
-    assert one == two
-    assert manifests.SoftwareManifest(kind="k", name="n", version="1.0.0", path=Path("p.yaml"), sha256=SHA,
-                                      doc={"other": 1}) == one
-    assert "doc" not in repr(one)
+    bare = manifests.SoftwareManifest(**BASE["software"])
+    one = bare.located(Path("p.yaml"), SHA, {})
+    assert one == bare.located(Path("p.yaml"), SHA, {"other": 1})
+    assert one != bare.located(Path("q.yaml"), SHA, {}) and one != bare.located(Path("p.yaml"), "b" * 64, {})
+    assert one != manifests.SoftwareManifest(**{**BASE["software"], "version": "1.0.1"}).located(Path("p.yaml"), SHA)
+    assert "doc" not in repr(one) and one.identity() == {"name": "s", "version": "1.0.0", "sha256": SHA,
+                                                         "path": "p.yaml"}
 
 
 def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -78,7 +78,8 @@ def for_dataset(model: ModelManifest, dataset: DatasetManifest) -> ModelManifest
     declares one, replaces the model's (an answer's length belongs to the task: a label, a summary)."""
     if dataset.max_new_tokens is None or model.generation is None:
         return model
-    return replace(model, generation=replace(model.generation, max_new_tokens=dataset.max_new_tokens))
+    generation = model.generation.model_copy(update={"max_new_tokens": dataset.max_new_tokens})
+    return model.model_copy(update={"generation": generation})  # the same file, path and sha256
 
 
 def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: HardwareManifest,
