@@ -11,23 +11,25 @@ affinity) while the task still asks for the resources: so the driver knows which
   when no other matches); the retry's row replaces the failed one and keeps the first cause in `error`.
 - Ctrl-C: the cells in flight are cancelled (their runs stopped on their nodes, nothing of them
   recorded); what finished is recorded; the same command resumes with the cells not done.
-- Only this process writes the results tree and the database (mlharness.cluster.ray_launcher.finish),
-  through the same recording as a local sweep (mlharness.sweeps.sweep.cell_result, record_cell_run)."""
+- Only this process writes the results tree and the database (mlharness.cluster.ray_launcher.finish).
+  The cells run in the local sweep's own loop (mlharness.sweeps.cell_loop.run_cells), which records
+  each and stops the sweep; this module is the loop's slots (`NodeSlots`) and its progress display."""
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from mlharness.cluster import resources as res
 from mlharness.cluster.ray_launcher import RayLauncher, node_info, require_ray
-from mlharness.errors import RunInterrupted, UserError
+from mlharness.errors import UserError
 from mlharness.records.run_record import utc_now
 from mlharness.running.progress import Snapshot, Steps, clock
+from mlharness.running.request import RunRequest
 from mlharness.running.resolve import resolved_for_run
-from mlharness.sweeps.sweep import SweepResult, cell_result, record_cell_run
+from mlharness.sweeps.cell_loop import CellEvent, CellJob, cell_result
 
 NODES_REFRESH_S = 1.0  # how often the alive nodes are read from the cluster
 WAIT_S = 0.25  # one ray.wait
@@ -47,17 +49,14 @@ class Node:
 
 
 @dataclass
-class Job:
-    cell: Any
-    repeat_index: int
-    label: str
-    request: Any
+class Placement:
+    """Where a cell run is, for the cluster: its resolved request, what it needs, the node it runs on."""
+    request: RunRequest
     needs: dict[str, float]
     attempt: int = 0
     avoid: set[str] = field(default_factory=set)
     first_cause: str | None = None
     node: Node | None = None
-    started_at: str = ""
     start: float = 0.0
     ref: Any = None
     overdue: bool = False  # cancelled by the driver past its timeout
@@ -71,6 +70,12 @@ class ClusterSteps(Steps):
         super().__init__(total, stream, quiet=quiet, unit="cells")
         self.failed = 0
         self.nodes: dict[str, list[tuple[str, float]]] = {}  # node name -> (label, started)
+
+    def finished(self, label: str, status: str, seconds: float) -> None:
+        if status != "ok":
+            with self._lock:
+                self.failed += 1
+        super().finished(label, status, seconds)
 
     def node_seen(self, node: str) -> None:
         with self._lock:
@@ -119,18 +124,15 @@ def alive_nodes(ray: Any) -> dict[str, Node]:
     return found
 
 
-def run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Any, timeout_s: float,
-              stream: TextIO, grid: Any) -> SweepResult:
-    """mlharness.sweeps.sweep.run_sweep's cells_runner on the connected Ray cluster."""
+def node_slots(jobs: list[CellJob], options: Any, grid: Any, stream: TextIO) -> NodeSlots:
+    """mlharness.sweeps.sweep.run_sweep's slots on the connected Ray cluster: a slot per free share of
+    each alive mlharness node (`cluster: {cells_per_node: N}` in the grid)."""
     ray = require_ray()
-    per_node = grid.cells_per_node
-    jobs: deque[Job] = deque()
-    for cell, repeat_index in todo:
+    placements = {}
+    for job in jobs:
         # Resolved here, on the driver: the node gets user.conf's text, not a path that may not exist there.
-        request = replace(cell.request_for(Path(options.results_dir).resolve(), timeout_s), quiet=True)
-        request = resolved_for_run(request)
-        label = cell.label() + (f" #{repeat_index + 1}" if repeat > 1 else "")
-        jobs.append(Job(cell, repeat_index, label, request, res.cell_needs(request, per_node)))
+        request = resolved_for_run(job.request)
+        placements[job] = Placement(request, res.cell_needs(request, grid.cells_per_node))
     nodes = alive_nodes(ray)
     if jobs and not nodes:
         raise UserError("no node of the Ray cluster advertises mlharness resources; start each node with "
@@ -139,39 +141,70 @@ def run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: Any, 
     progress = ClusterSteps(len(jobs), stream, options.quiet)
     for node in nodes.values():
         progress.node_seen(node.name)
-    state = _Sweep(ray, sweep_id, options, nodes, progress, timeout_s)
-    with state.progress:
-        state.run(jobs)
-    return SweepResult(sweep_id, len(plan), len(plan) - len(todo), state.outcomes)
+    return NodeSlots(ray, placements, nodes, progress, RayLauncher(db_path=Path(options.db_path).resolve()))
 
 
-class _Sweep:
-    def __init__(self, ray: Any, sweep_id: str, options: Any, nodes: dict[str, Node], progress: ClusterSteps,
-                 timeout_s: float):
-        self.ray, self.sweep_id, self.options, self.nodes = ray, sweep_id, options, nodes
-        self.progress, self.timeout_s = progress, timeout_s
-        self.launcher = RayLauncher(db_path=Path(options.db_path).resolve())
-        self.running: dict[Any, Job] = {}
-        self.outcomes: list = []
+class NodeSlots:
+    """The cluster's slots (mlharness.sweeps.cell_loop.CellSlots): placement on the nodes, a lost
+    node's cell given back to run again, a cell its node did not stop cancelled past its timeout."""
+
+    def __init__(self, ray: Any, placements: dict[CellJob, Placement], nodes: dict[str, Node],
+                 progress: ClusterSteps, launcher: RayLauncher):
+        self.ray, self.placements, self.nodes, self.progress = ray, placements, nodes, progress
+        self.launcher = launcher
+        self.running: dict[Any, CellJob] = {}
         self.lost: set[str] = set()  # nodes a cell was lost on: never placed on again (Ray gives a rejoining node a new id)
         self.refreshed = time.monotonic()
 
-    # ---- the loop
-    def run(self, jobs: deque[Job]) -> None:
-        try:
-            while jobs or self.running:
-                self._refresh()
-                self._place(jobs)
-                if not self.running:
-                    if jobs:
-                        time.sleep(WAIT_S)  # matching nodes exist, none free (another sweep's cells)
-                    continue
-                ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=WAIT_S)
-                for ref in ready:
-                    self._collect(self.running.pop(ref), ref, jobs)
-                self._overdue()
-        except KeyboardInterrupt:
-            self._interrupted()
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def place(self, waiting: deque[CellJob]) -> list[CellEvent]:
+        self._refresh()
+        events, kept = [], deque()
+        while waiting:
+            job = waiting.popleft()
+            at = self.placements[job]
+            matching = [n for n in self.nodes.values() if res.satisfies(n.resources, at.needs)]
+            if not matching:
+                events.append(self._unplaceable(job))
+                continue
+            others = [n for n in matching if n.node_id not in at.avoid]
+            candidates = others or matching  # a retry goes elsewhere when anywhere else matches
+            free = [n for n in candidates if n.free_for(at.needs[res.SLOT])]
+            if not free:
+                kept.append(job)
+                continue
+            self._start(job, min(free, key=lambda n: (n.load, n.name)))
+        waiting.extend(kept)
+        return events
+
+    def next_done(self) -> list[CellEvent]:
+        if not self.running:
+            time.sleep(WAIT_S)  # matching nodes exist, none free (another sweep's cells)
+            return []
+        ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=WAIT_S)
+        events = [self._collect(self.running.pop(ref), ref) for ref in ready]
+        self._overdue()
+        return events
+
+    def stop(self) -> tuple[list[CellEvent], int | None]:
+        """Ctrl-C: collect what already ended, cancel what is in flight (its run stopped on its node)."""
+        in_flight = list(self.running)
+        done, _ = self.ray.wait(in_flight, num_returns=len(in_flight), timeout=0) if in_flight else ([], [])
+        events = []
+        for ref in done:
+            job = self.running.pop(ref)
+            try:
+                events.append(self._collect(job, ref))
+            except Exception:  # noqa: BLE001 - stopping anyway; the cell stays to do
+                pass
+        cancelled = list(self.running)
+        for ref in cancelled:
+            self.ray.cancel(ref, force=False)
+        if cancelled:
+            self.ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_WAIT_S)
+        return events, len(cancelled)
 
     def _refresh(self) -> None:
         if time.monotonic() - self.refreshed < NODES_REFRESH_S:
@@ -189,72 +222,21 @@ class _Sweep:
                 self.progress.node_seen(node.name)
         self.nodes = fresh
 
-    def _place(self, jobs: deque[Job]) -> None:
-        waiting: deque[Job] = deque()
-        while jobs:
-            job = jobs.popleft()
-            matching = [n for n in self.nodes.values() if res.satisfies(n.resources, job.needs)]
-            if not matching:
-                self._unplaceable(job)
-                continue
-            others = [n for n in matching if n.node_id not in job.avoid]
-            candidates = others or matching  # a retry goes elsewhere when anywhere else matches
-            free = [n for n in candidates if n.free_for(job.needs[res.SLOT])]
-            if not free:
-                waiting.append(job)
-                continue
-            node = min(free, key=lambda n: (n.load, n.name))
-            self._start(job, node)
-        jobs.extend(waiting)
-
-    def _start(self, job: Job, node: Node) -> None:
-        job.node, job.started_at, job.start = node, utc_now(), time.monotonic()
-        node.load += job.needs[res.SLOT]
-        job.ref = self.launcher.start(job.request, job.needs, node.node_id)
-        self.running[job.ref] = job
+    def _start(self, job: CellJob, node: Node) -> None:
+        at = self.placements[job]
+        at.node, job.started_at, at.start = node, utc_now(), time.monotonic()
+        node.load += at.needs[res.SLOT]
+        at.ref = self.launcher.start(at.request, at.needs, node.node_id)
+        self.running[at.ref] = job
         self.progress.node_started(node.name, job.label)
 
-    def _release(self, job: Job) -> float:
-        assert job.node is not None
-        node = self.nodes.get(job.node.node_id, job.node)
-        node.load = max(0.0, node.load - job.needs[res.SLOT])
-        self.progress.node_done(job.node.name, job.label)
-        return time.monotonic() - job.start
-
-    # ---- results
-    def _collect(self, job: Job, ref: Any, jobs: deque[Job]) -> None:
-        exceptions = self.ray.exceptions
-        try:
-            payload = self.ray.get(ref)
-        except exceptions.RayError if job.overdue else ():
-            self._release(job)
-            self._record(job, {"status": "failed", "run_id": None, "stderr": "",
-                               "error": f"cancelled on node {job.node.name} after {self.timeout_s:g} s "
-                                        f"(the cell's timeout; its node did not stop it)"}, 0.0)
-            return
-        except exceptions.RayTaskError as exc:  # our task raised on the node: a failed cell, not a lost node
-            self._release(job)
-            self._record(job, {"status": "failed", "run_id": None, "stderr": str(exc)[-8000:],
-                               "error": f"on node {job.node.name}: {_first_line(exc)}"}, 0.0)
-            return
-        except exceptions.TaskUnschedulableError:  # its node went away before the cell started: place it again
-            self._release(job)
-            self._forget(job.node)
-            job.node, job.ref = None, None
-            jobs.appendleft(job)
-            return
-        except exceptions.RayError as exc:  # the worker or the node died, or the connection to it was lost
-            seconds = self._release(job)
-            self._forget(job.node)
-            self._lost(job, exc, seconds, jobs)
-            return
-        seconds = self._release(job)
-        outcome, output = self.launcher.finish(job.request, payload, node_info(payload, job.node.name))
-        result = cell_result(outcome, output)
-        if job.first_cause:
-            result["error"] = f"{job.first_cause}; retried on node {job.node.name}" + \
-                (f": {result['error']}" if result.get("error") else "")
-        self._record(job, result, seconds)
+    def _release(self, job: CellJob) -> float:
+        at = self.placements[job]
+        assert at.node is not None
+        node = self.nodes.get(at.node.node_id, at.node)
+        node.load = max(0.0, node.load - at.needs[res.SLOT])
+        self.progress.node_done(at.node.name, job.label)
+        return time.monotonic() - at.start
 
     def _forget(self, node: Node | None) -> None:
         """A node a cell was lost on takes no more cells (the cluster may still list it as alive for a while)."""
@@ -263,67 +245,74 @@ class _Sweep:
             if self.nodes.pop(node.node_id, None) is not None:
                 self.progress.node_gone(node.name)
 
-    def _lost(self, job: Job, exc: Exception, seconds: float, jobs: deque[Job]) -> None:
-        cause = f"node {job.node.name} lost while running the cell ({type(exc).__name__}: {_first_line(exc)})"
-        if job.attempt == 0:
-            # Recorded at once (a driver that dies now leaves a failed cell, not a missing one), then retried.
-            record_cell_run(self.options.db_path, self.sweep_id, job.cell, job.repeat_index,
-                            {"status": "failed", "run_id": None, "error": cause + "; retrying on another node",
-                             "stderr": ""}, job.started_at, seconds)
-            self.progress.say(f"{job.label}: {cause}; retrying on another matching node")
-            job.attempt, job.first_cause = 1, cause
-            job.avoid.add(job.node.node_id)
-            job.node, job.ref = None, None
-            jobs.appendleft(job)
-            return
-        self._record(job, {"status": "failed", "run_id": None, "stderr": "",
-                           "error": f"{job.first_cause}; the retry: {cause}"}, seconds)
+    # ---- results
+    def _collect(self, job: CellJob, ref: Any) -> CellEvent:
+        at, exceptions = self.placements[job], self.ray.exceptions
+        try:
+            payload = self.ray.get(ref)
+        except exceptions.RayError if at.overdue else ():
+            self._release(job)
+            return self._event(job, {"status": "failed", "run_id": None, "stderr": "",
+                                     "error": f"cancelled on node {at.node.name} after {at.request.timeout:g} s "
+                                              f"(the cell's timeout; its node did not stop it)"}, 0.0)
+        except exceptions.RayTaskError as exc:  # our task raised on the node: a failed cell, not a lost node
+            self._release(job)
+            return self._event(job, {"status": "failed", "run_id": None, "stderr": str(exc)[-8000:],
+                                     "error": f"on node {at.node.name}: {_first_line(exc)}"}, 0.0)
+        except exceptions.TaskUnschedulableError:  # its node went away before the cell started: place it again
+            self._release(job)
+            self._forget(at.node)
+            at.node, at.ref = None, None
+            return CellEvent(job, None)
+        except exceptions.RayError as exc:  # the worker or the node died, or the connection to it was lost
+            seconds = self._release(job)
+            self._forget(at.node)
+            return self._lost(job, exc, seconds)
+        seconds = self._release(job)
+        outcome, output = self.launcher.finish(at.request, payload, node_info(payload, at.node.name))
+        result = cell_result(outcome, output)
+        if at.first_cause:
+            result["error"] = f"{at.first_cause}; retried on node {at.node.name}" + \
+                (f": {result['error']}" if result.get("error") else "")
+        return self._event(job, result, seconds)
 
-    def _unplaceable(self, job: Job) -> None:
-        wants = res.describe_needs(job.needs)
+    def _event(self, job: CellJob, result: dict[str, Any], seconds: float) -> CellEvent:
+        node = self.placements[job].node
+        return CellEvent(job, result, seconds, where=f" on {node.name}" if node is not None else "")
+
+    def _lost(self, job: CellJob, exc: Exception, seconds: float) -> CellEvent:
+        at = self.placements[job]
+        cause = f"node {at.node.name} lost while running the cell ({type(exc).__name__}: {_first_line(exc)})"
+        if at.attempt == 0:
+            # Recorded failed by the loop, then run again.
+            at.attempt, at.first_cause = 1, cause
+            at.avoid.add(at.node.node_id)
+            at.node, at.ref = None, None
+            return CellEvent(job, {"status": "failed", "run_id": None, "error": cause + "; retrying on another node",
+                                   "stderr": ""}, seconds,
+                             again=f"{job.label}: {cause}; retrying on another matching node")
+        return self._event(job, {"status": "failed", "run_id": None, "stderr": "",
+                                 "error": f"{at.first_cause}; the retry: {cause}"}, seconds)
+
+    def _unplaceable(self, job: CellJob) -> CellEvent:
+        at = self.placements[job]
+        wants = res.describe_needs(at.needs)
         have = "; ".join(f"{n.name}: " + ", ".join(sorted(k for k in n.resources if k.startswith("mlharness_")
                                                             and k != res.SLOT))
                          for n in sorted(self.nodes.values(), key=lambda n: n.name))
-        if job.first_cause:
-            result = {"status": "failed", "error": f"{job.first_cause}; no other node has {wants} to retry it on"}
+        if at.first_cause:
+            result = {"status": "failed", "error": f"{at.first_cause}; no other node has {wants} to retry it on"}
         else:
             result = {"status": "unschedulable", "error": f"no node of the cluster has {wants} (nodes: {have})"}
         job.started_at = job.started_at or utc_now()
-        self._record(job, result | {"run_id": None, "stderr": ""}, 0.0)
-
-    def _record(self, job: Job, result: dict[str, Any], seconds: float) -> None:
-        self.outcomes.append(record_cell_run(self.options.db_path, self.sweep_id, job.cell, job.repeat_index, result,
-                                             job.started_at or utc_now(), seconds))
-        if result["status"] != "ok":
-            self.progress.failed += 1
-        where = f" on {job.node.name}" if job.node is not None else ""
-        status = result["status"] if result["status"] == "ok" else f"{result['status'].upper()}: {result.get('error')}"
-        self.progress.finished(job.label + where, status, seconds)
+        return self._event(job, result | {"run_id": None, "stderr": ""}, 0.0)
 
     def _overdue(self) -> None:
-        limit = self.timeout_s + DRIVER_GRACE_S
         for ref, job in list(self.running.items()):
-            if time.monotonic() - job.start > limit and not job.overdue:
-                job.overdue = True
+            at = self.placements[job]
+            if time.monotonic() - at.start > at.request.timeout + DRIVER_GRACE_S and not at.overdue:
+                at.overdue = True
                 self.ray.cancel(ref, force=True)
-
-    def _interrupted(self) -> None:
-        """Ctrl-C: cancel what is in flight, record what already finished, stop with 130."""
-        in_flight = list(self.running)
-        done, _ = self.ray.wait(in_flight, num_returns=len(in_flight), timeout=0) if in_flight else ([], [])
-        for ref in done:
-            job = self.running.pop(ref)
-            try:
-                self._collect(job, ref, deque())
-            except Exception:  # noqa: BLE001 - stopping anyway; the cell stays to do
-                pass
-        cancelled = list(self.running)
-        for ref in cancelled:
-            self.ray.cancel(ref, force=False)
-        if cancelled:
-            self.ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_WAIT_S)
-        raise RunInterrupted(f"sweep {self.sweep_id} interrupted; {len(self.outcomes)} cell run(s) recorded, "
-                             f"{len(cancelled)} cancelled on their nodes; resume with the same command", 130)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlharness.cluster.address import DEFAULT_CONNECT_TIMEOUT_S
 from mlharness.commands.results import add_db_arguments
 from mlharness.errors import UserError
+
+if TYPE_CHECKING:
+    from mlharness.sweeps.sweep import SlotsFactory
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -29,7 +33,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.cluster and not args.dry_run:
         runner = _cluster_runner(args.cluster, args.connect_timeout)
     try:
-        result = run_sweep(Path(args.grid), options, cells_runner=runner)
+        result = run_sweep(Path(args.grid), options, slots=runner)
     finally:
         if runner is not None:
             from mlharness.cluster.ray_launcher import disconnect
@@ -47,7 +51,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
-def _cluster_runner(address: str, timeout_s: float):  # noqa: ANN202 - mlharness.cluster.scheduler.run_cells
+def _cluster_runner(address: str, timeout_s: float) -> SlotsFactory:
     """--cluster: connect to the Ray cluster (a one-line error without the `cluster` extra, or for an
     address of the wrong form or where nothing answers within --connect-timeout)."""
     import sys
@@ -55,9 +59,9 @@ def _cluster_runner(address: str, timeout_s: float):  # noqa: ANN202 - mlharness
     from mlharness.cluster.ray_launcher import connect
 
     print(f"cluster: {connect(address, timeout_s)}", file=sys.stderr)
-    from mlharness.cluster.scheduler import run_cells
+    from mlharness.cluster.scheduler import node_slots
 
-    return run_cells
+    return node_slots
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,25 +1,27 @@
 """Run a sweep grid: each cell in its own worker process with a timeout, recorded in the results
 database. A failing cell is data (status, error, stderr) and the sweep goes on; finished cells are
-skipped when the same sweep id is run again, so an interrupted sweep resumes where it stopped."""
+skipped when the same sweep id is run again, so an interrupted sweep resumes where it stopped. The
+cells run in mlharness.sweeps.cell_loop's one loop, on this machine's one slot or (--cluster) on the
+slots of a Ray cluster's nodes (mlharness.cluster.scheduler)."""
 from __future__ import annotations
 
 import json
 import statistics
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from mlharness.errors import RunInterrupted, UserError
+from mlharness.errors import UserError
 from mlharness.records import record_metrics
 from mlharness.records.run_record import utc_now
+from mlharness.running.launcher import LocalLauncher
+from mlharness.running.outcome import Launcher
+from mlharness.running.progress import Steps
 from mlharness.store.result_store import ResultStore
+from mlharness.sweeps.cell_loop import CellJob, CellOutcome, CellSlots, LocalSlots, run_cells
 from mlharness.sweeps.sweep_grid import Cell, Grid, load_grid
 from mlharness.tables import format_table
-
-STDERR_KEPT_CHARS = 8000  # the tail of a failed cell's stderr kept in the database
 
 
 @dataclass
@@ -35,16 +37,6 @@ class SweepOptions:
     extra_settings: list[str] = field(default_factory=list)
     dry_run: bool = False
     quiet: bool = False  # no live progress (each cell's line is still printed)
-
-
-@dataclass
-class CellOutcome:
-    cell: Cell
-    repeat_index: int
-    status: str
-    run_id: str | None
-    error: str | None
-    seconds: float
 
 
 @dataclass
@@ -74,39 +66,15 @@ def _with_options(grid: Grid, options: SweepOptions) -> list[Cell]:
     return cells
 
 
-def run_cell_process(cell: Cell, results_dir: Path, db_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Submit the cell's RunRequest to the launcher (a fresh process with the sweep's timeout and
-    results dir; the record goes to the sweep's database from here); returns {status, run_id, error, stderr}."""
-    from mlharness.running.launcher import LocalLauncher
-
-    # The cell's own plan and progress lines would only fill the log kept for a failed cell.
-    request = replace(cell.request_for(results_dir.resolve(), timeout_s), quiet=True)
-    with tempfile.TemporaryDirectory(prefix="mlharness-cell-") as tmp:
-        output = Path(tmp) / "output"
-        outcome = LocalLauncher(db_path=db_path.resolve(), output=output).submit(request)
-        stderr = output.read_text(errors="replace")[-STDERR_KEPT_CHARS:] if output.is_file() else ""
-    return cell_result(outcome, stderr)
-
-
-def cell_result(outcome: Any, stderr: str) -> dict[str, Any]:
-    """A launcher's Outcome (mlharness.running.launcher, local or from a cluster node) and the run's
-    output as the sweep records it: {status, run_id, error, stderr[, exit_status]}."""
-    record = outcome.record
-    if outcome.kind == "result" and record is not None:
-        return {"status": record.status, "run_id": record.run_id, "error": record.error, "stderr": stderr}
-    error = outcome.error or "failed"
-    if outcome.traceback_path:
-        error += f" (traceback in {outcome.traceback_path})"
-    stderr = (stderr + f"mlharness: error: {error}\n")[-STDERR_KEPT_CHARS:]  # what `mlharness run` would print
-    return {"status": "failed", "run_id": record.run_id if record else None, "error": error, "stderr": stderr,
-            "exit_status": outcome.exit_status}
+# The slots a sweep's cells run on, made once the cells to do are known: local_slots here,
+# mlharness.cluster.scheduler.node_slots on a Ray cluster.
+SlotsFactory = Callable[[list[CellJob], "SweepOptions", Grid, TextIO], CellSlots]
 
 
 def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = None,
-              cells_runner: Callable[..., SweepResult] | None = None) -> SweepResult:
-    """Run every cell x repeat not already finished in this sweep id; returns what ran. `cells_runner`
-    runs the cells to do instead of this machine (mlharness.cluster.scheduler.run_cells: a Ray cluster);
-    it is called as cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)."""
+              slots: SlotsFactory | None = None) -> SweepResult:
+    """Run every cell x repeat not already finished in this sweep id; returns what ran. `slots` makes
+    what the cells run on (default local_slots: one at a time on this machine)."""
     stream = stream or sys.stderr
     grid = load_grid(grid_path)
     cells = _with_options(grid, options)
@@ -133,40 +101,23 @@ def run_sweep(grid_path: Path, options: SweepOptions, stream: TextIO | None = No
                           {"grid": grid.document, "repeat": repeat, "cells": sorted({c.key for c in cells})}, utc_now())
     print(f"sweep {sweep_id}: {len(plan)} cell run(s), {len(plan) - len(todo)} already finished, "
           f"{len(todo)} to run (timeout {timeout_s:g} s each)", file=stream)
-    if cells_runner is not None:
-        return cells_runner(todo, repeat, sweep_id, plan, options, timeout_s, stream, grid)
-    from mlharness.running.progress import Steps
-
-    with Steps(len(todo), stream, quiet=options.quiet, unit="cells") as progress:
-        return _run_cells(todo, repeat, sweep_id, plan, options, timeout_s, progress)
-
-
-def _run_cells(todo: list, repeat: int, sweep_id: str, plan: list, options: SweepOptions, timeout_s: float,
-               progress: Any) -> SweepResult:
-    outcomes = []
-    for cell, repeat_index in todo:
-        label = cell.label() + (f" #{repeat_index + 1}" if repeat > 1 else "")
-        progress.starting(label)
-        started_at, start = utc_now(), time.monotonic()
-        result = run_cell_process(cell, options.results_dir, options.db_path, timeout_s)
-        seconds = time.monotonic() - start
-        outcomes.append(record_cell_run(options.db_path, sweep_id, cell, repeat_index, result, started_at, seconds))
-        status = result["status"] if result["status"] == "ok" else f"FAILED: {result.get('error')}"
-        progress.finished(label, status, seconds)
-        if result.get("exit_status", 0) > 128:  # Ctrl-C or SIGTERM: the cell is recorded, the sweep stops
-            raise RunInterrupted(f"sweep {sweep_id} interrupted; {len(outcomes)} cell run(s) recorded, "
-                                 f"resume with the same command", result["exit_status"])
+    results_dir = Path(options.results_dir).resolve()
+    # The cell's own plan and progress lines would only fill the output kept for a failed cell.
+    jobs = [CellJob(cell, i, cell.label() + (f" #{i + 1}" if repeat > 1 else ""),
+                    replace(cell.request_for(results_dir, timeout_s), quiet=True)) for cell, i in todo]
+    outcomes = run_cells(jobs, (slots or local_slots)(jobs, options, grid, stream), sweep_id, options.db_path)
     return SweepResult(sweep_id, len(plan), len(plan) - len(todo), outcomes)
 
 
-def record_cell_run(db_path: Path, sweep_id: str, cell: Cell, repeat_index: int, result: dict[str, Any],
-                    started_at: str, seconds: float) -> CellOutcome:
-    """Store one cell run's result (cell_result's dict) in the sweep's table; the failed ones with their stderr."""
-    with ResultStore(db_path) as store:
-        store.record_cell(sweep_id, cell.key, repeat_index, cell.params(), result["status"], result.get("run_id"),
-                          result.get("error"), result.get("stderr") if result["status"] != "ok" else None,
-                          started_at, utc_now(), round(seconds, 3))
-    return CellOutcome(cell, repeat_index, result["status"], result.get("run_id"), result.get("error"), seconds)
+def local_slots(jobs: list[CellJob], options: SweepOptions, grid: Grid, stream: TextIO) -> CellSlots:
+    """One cell at a time on this machine, each in a fresh process (LocalLauncher) with the sweep's
+    timeout, its record stored in the sweep's database from here."""
+    db_path = Path(options.db_path).resolve()
+
+    def launcher_for(output: Path) -> Launcher:
+        return LocalLauncher(db_path=db_path, output=output)
+
+    return LocalSlots(launcher_for, Steps(len(jobs), stream, quiet=options.quiet, unit="cells"))
 
 
 # ---- reading a sweep back --------------------------------------------------------------------

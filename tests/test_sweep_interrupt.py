@@ -1,0 +1,77 @@
+"""A local sweep stopped by SIGINT or SIGTERM while a cell runs (mlharness.sweeps.cell_loop): the
+running cell is stopped and recorded, the sweep stops with 128 + the signal and says what it
+recorded, no further cell starts, and the same command resumes with the cells not done. The sweep's
+driver is a process of its own, as a user's is; the null model's cells are real runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlharness.store.result_store import ResultStore
+from tests.support import REPO, run_cli
+
+# Two short Offline cells, then two SingleStream cells of a minute each: the signal lands in the third.
+GRID = """\
+    name: stopped
+    quick: true
+    timeout: 300
+    models: ["null"]
+    scenarios: [Offline, SingleStream]
+    batch_sizes: [4, 8]
+    set: {Offline: {target_qps: 20000}, SingleStream: {target_latency: 0.01, min_duration: 60000}}
+    """
+
+
+def statuses(db: Path) -> list[tuple[str, str]]:
+    if not db.exists():
+        return []
+    with ResultStore(db) as store:
+        return [(json.loads(row["params_json"])["scenario"], row["status"]) for row in store.sweep_cells("stopped")]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_sweep_with_what_ran_recorded_and_it_resumes(tmp_path: Path, stop: signal.Signals,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID))
+    results = tmp_path / "results"
+    db = results / "mlharness.sqlite"
+    # SIGINT as a terminal's user has it (a background job's children inherit it ignored).
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from mlharness.cli import main\nsys.exit(main(sys.argv[1:]))")
+    driver = subprocess.Popen([sys.executable, "-c", code, "sweep", str(grid), "--results-dir", str(results)],
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # only so that a hung driver fails the test instead of hanging it
+        # The third cell's run has started (its staging folder exists) after the first two were recorded.
+        while len(statuses(db)) < 2 or not list(results.rglob("SingleStream/.staging-*")):
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.1)
+        driver.send_signal(stop)
+        out, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 128 + stop, err
+    assert err.rstrip().endswith(
+        "mlharness: error: sweep stopped interrupted; 3 cell run(s) recorded, resume with the same command"), err
+    assert statuses(db) == [("Offline", "ok"), ("Offline", "ok"), ("SingleStream", "failed")]  # the fourth never began
+    with ResultStore(db) as store:
+        stopped = store.sweep_cells("stopped")[2]
+        (run,) = [r for r in store.list_runs() if r["run_id"] == stopped["run_id"]]
+    assert f"interrupted by {stop.name}" in stopped["error"] and run["status"] == "failed"
+
+    # The same command picks up where it stopped: the fourth cell is the one left to run.
+    assert run_cli("sweep", grid, "--results-dir", results, "--dry-run") == 0
+    states = [line.rsplit("  ", 1)[1] for line in capsys.readouterr().err.splitlines() if "  repeat " in line]
+    assert states == ["[ok]", "[ok]", "[failed]", "[to run]"]
