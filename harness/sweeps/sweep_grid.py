@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from mlharness.errors import UserError
+from mlharness.running.arguments import REQUEST_FLAGS
 from mlharness.running.request import RunRequest
 from mlharness.running.settings import SCENARIOS
 from mlharness.sweeps.grid_schema import GridDoc
@@ -25,11 +26,26 @@ from mlharness.specs.validation import ManifestError, load_yaml, problems_from
 
 # Axis names usable in `exclude` entries besides setting keys.
 CELL_FIELDS = ("model", "backend", "dataset", "hardware", "software", "scenario")
-# What a cell's key hashes: these request fields always (the key of every grid before the manifest
-# axes existed), and dataset, hardware, software and user_conf only when not their default, so a
-# cell that does not use them keeps its key and a resumed sweep still finds its finished cells.
-KEY_FIELDS = ("model", "backend", "scenario", "mode", "quick", "presets", "overrides", "profile")
-OPTIONAL_KEY_FIELDS = {"dataset": None, "hardware": "cpu", "software": None, "user_conf": None, "endpoint": None}
+# What a cell's params hold (sweep_cells.params_json) and its key hashes: the model and every request
+# field that decides the run and has a run-request flag (mlharness.running.arguments.REQUEST_FLAGS,
+# the one table of them), less the timeout the sweep sets for every cell. The fields of every cell's
+# params before the manifest axes existed are always there; the others only when not at their default,
+# so a cell that does not use them keeps its key and a resumed sweep still finds its finished cells
+# (also when a field with a flag is added to the table).
+ALWAYS_IN_PARAMS = ("model", "backend", "scenario", "mode", "quick", "presets", "overrides", "profile")
+SET_BY_THE_SWEEP = ("timeout",)
+PARAM_FIELDS = ("model",) + tuple(flag.field for flag in REQUEST_FLAGS
+                                  if flag.decides_run and flag.field not in SET_BY_THE_SWEEP)
+# The manifests and files a cell may set to other than their default: shown in its label.
+MANIFEST_FIELDS = ("dataset", "hardware", "software", "user_conf", "endpoint")
+_DEFAULTS = {f.name: f.default for f in fields(RunRequest)}
+
+
+def _stored(value: Any) -> Any:
+    """A request field's value as JSON holds it (read back by RunRequest, which makes tuples and Paths)."""
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value) if isinstance(value, Path) else value
 
 
 @dataclass(frozen=True)
@@ -71,13 +87,9 @@ class Cell:
         return None
 
     def manifests(self) -> dict[str, str]:
-        """The dataset, hardware, software and user.conf this cell sets to other than their default."""
-        found = {}
-        for name, default in OPTIONAL_KEY_FIELDS.items():
-            value = getattr(self.request, name)
-            if value != default:
-                found[name] = str(value)
-        return found
+        """The dataset, hardware, software, user.conf and endpoint this cell sets to other than their default."""
+        return {name: str(getattr(self.request, name)) for name in MANIFEST_FIELDS
+                if getattr(self.request, name) != _DEFAULTS[name]}
 
     def label(self) -> str:
         parts = [f"{self.model}/{self.backend or 'default'}/{self.scenario}"]
@@ -86,17 +98,14 @@ class Cell:
         return " ".join(parts)
 
     def params(self) -> dict[str, Any]:
-        """What the cell runs, as stored in sweep_cells.params_json and hashed into its key."""
-        params: dict[str, Any] = {}
-        for name in KEY_FIELDS:
-            value = getattr(self.request, name)
-            params[name] = list(value) if isinstance(value, tuple) else value
-        return params | self.manifests()
+        """What the cell runs, as stored in sweep_cells.params_json and hashed into its key (PARAM_FIELDS)."""
+        return {name: _stored(getattr(self.request, name)) for name in PARAM_FIELDS
+                if name in ALWAYS_IN_PARAMS or getattr(self.request, name) != _DEFAULTS[name]}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "Cell":
-        known = set(KEY_FIELDS) | set(OPTIONAL_KEY_FIELDS)
-        return cls.of(**{k: v for k, v in params.items() if k in known})
+        """A stored cell back (the rows of every version so far hold a subset of PARAM_FIELDS)."""
+        return cls.of(**{k: v for k, v in params.items() if k in PARAM_FIELDS})
 
 
 @dataclass(frozen=True)
