@@ -3,6 +3,7 @@
 coldstart.* figures and their direction, peak memory, and where the figures are shown."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -243,6 +244,6 @@ def test_summary_and_report_show_cold_start(tmp_path: Path) -> None:
     assert "memory : peak RSS 512 MiB, peak cuda:0 1024 MiB allocated" in summary
     html = write_report([record], tmp_path, "t").read_text()
     assert "<h2>Cold start and memory</h2>" in html and "<td>512</td>" in html and "<td>40</td>" in html
-    record.cold_start = {}
+    record = dataclasses.replace(record, cold_start={})
     assert "cold start" not in format_summary(record)
     assert "Cold start" not in write_report([record], tmp_path, "t").read_text()

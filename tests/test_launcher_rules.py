@@ -10,6 +10,7 @@ itself with a deadline only a missing event reaches; who ended a run is read fro
 parent sent, not from how long it took; a run that must outlast something lasts an hour."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -57,20 +58,17 @@ def child_env() -> dict[str, str]:
 
 def record(run_id: str | None = None, **changes: object) -> RunRecord:
     """A run's preliminary record, as the runner writes it when the run starts."""
-    made = RunRecord(run_id=run_id or new_run_id(), command="mlharness run null", model={"name": "null"},
-                     dataset={"name": "null-samples"}, backend="null", scenario="Offline", mode="performance")
-    for key, value in changes.items():
-        setattr(made, key, value)
-    return made
+    return RunRecord(run_id=run_id or new_run_id(), command="mlharness run null", model={"name": "null"},
+                     dataset={"name": "null-samples"}, backend="null", scenario="Offline", mode="performance",
+                     **changes)
 
 
 def staging_of(results: Path, rec: RunRecord, *, owner: dict | None = None, run_json: bool = True) -> Path:
     """results/<system>/<model>/<Scenario>/.staging-<id>, holding the preliminary run.json."""
     staging = results / "sys" / "null" / "Offline" / f"{STAGING_PREFIX}{rec.run_id}"
     staging.mkdir(parents=True)
-    rec.results_path = str(staging)
     if run_json:
-        (staging / "run.json").write_text(json.dumps(rec.to_dict()))
+        (staging / "run.json").write_text(json.dumps(dataclasses.replace(rec, results_path=str(staging)).to_dict()))
     (staging / "mlperf_log_detail.txt").write_text("kept\n")
     if owner is not None:
         (staging / "owner.json").write_text(json.dumps(owner))

@@ -204,6 +204,28 @@ def test_accessors_on_real_records(runs: tuple[Path, dict, dict]) -> None:
     assert not failed.is_ok
 
 
+def test_a_real_run_json_reads_through_the_views_and_writes_back_byte_for_byte(runs: tuple[Path, dict, dict],
+                                                                              tmp_path: Path) -> None:
+    """The typed views (mlharness.records.payloads) are read from the dicts run.json holds and change
+    nothing in it: a real run's file, read, read through every view and written back, is the same bytes."""
+    from mlharness.atomic_io import write_json
+
+    _, perf_dict, acc_dict = runs
+    for data in (perf_dict, acc_dict):
+        path = Path(data["results_path"]) / "run.json"
+        record = RunRecord.load(path)
+        views = (record.perf, record.accuracy_result, record.cold, record.bricks_result, record.loadgen_logs,
+                 record.manifest_refs(), record.figures())
+        assert write_json(tmp_path / "run.json", record.to_dict()).read_bytes() == path.read_bytes()
+        assert views[2] is not None and views[2].load_seconds is not None and views[2].warmup is not None
+    perf, acc = RunRecord.from_dict(perf_dict), RunRecord.from_dict(acc_dict)
+    assert perf.perf.result == perf_dict["performance"]["result"] and perf.perf.samples_per_second > 0
+    assert perf.perf.metric.name == "samples_per_second" and perf.perf.extra == {}  # every key typed or a token's
+    assert perf.accuracy_result is None and acc.perf is None
+    assert dict(acc.accuracy_result.values) == {"top1": 0.5, "top5": 1.0} and acc.accuracy_result.metric
+    assert list(perf.loadgen_logs) == ["performance"] and list(acc.loadgen_logs) == ["accuracy"]
+
+
 # ---- a record of another kind -----------------------------------------------------------------------
 
 def test_another_kind_is_stored_and_listed_but_left_out_of_a_submission(
@@ -232,3 +254,63 @@ def test_another_kind_is_stored_and_listed_but_left_out_of_a_submission(
     assert brick_id in reason and "'brick' record, not a loadgen test" in reason
     with pytest.raises(UserError, match=f"--run {brick_id}: .*run {brick_id} left out: a 'brick' record"):
         collect(results, pinned=[brick_id])
+
+
+# ---- a record is not changed once made: each step of a run makes the next one ------------------------
+
+class _Guard:
+    """What the lifecycle tells the guard (mlharness.running.run_child.RunGuard): here, only the start."""
+    aborted = None
+
+    def started(self, record: RunRecord, where: object) -> None:
+        self.first = record
+        where.stage()
+
+    def finalizing(self) -> bool:
+        return True
+
+
+def test_the_lifecycle_makes_a_new_record_at_each_step_and_leaves_the_old_ones(tmp_path: Path) -> None:
+    """run_staged publishes the last record its body made (StagedRun.update); the record it started with,
+    the preliminary run.json's, is never changed, nor is any record a step replaced: a reader holding one
+    (the guard, a caller) sees it as it was. A failed run's RunFailed carries the failed record."""
+    from types import SimpleNamespace
+
+    from mlharness.errors import RunFailed
+    from mlharness.records.results import ScenarioDir
+    from mlharness.running import lifecycle
+
+    def started(run_id: str) -> RunRecord:
+        return RunRecord(run_id=run_id, command="mlharness run null", model={"name": "null"}, dataset={},
+                         backend="null", scenario="Offline", mode="performance", cold_start={"load_seconds": 1.0})
+
+    seen: list[RunRecord] = []
+
+    def body(run: lifecycle.StagedRun) -> None:
+        seen.append(run.record)
+        run.update(performance={"result": "VALID", "valid": True})
+        seen.append(run.record)
+
+    cpu = SimpleNamespace(device="cpu")
+    first = started("r-ok")
+    snapshot = first.to_dict()
+    where = ScenarioDir(tmp_path / "sys" / "null" / "Offline", "r-ok")
+    published = lifecycle.run_staged(first, where, _Guard(), cpu, body)
+    assert first.to_dict() == snapshot and seen[0] is first and seen[0].performance is None
+    assert (published.status, published.perf.result, published.results_path) == ("ok", "VALID", str(where.run_dir))
+    assert published.cold.load_seconds == 1.0 and published.cold.peak_rss_bytes > 0 and first.cold.peak_rss_bytes is None
+    assert RunRecord.load(where.run_dir / "run.json") == published
+
+    def failing(run: lifecycle.StagedRun) -> None:
+        run.update(performance={"result": "INVALID"})
+        raise RuntimeError("the backend broke")
+
+    first = started("r-failed")
+    snapshot = first.to_dict()
+    where = ScenarioDir(tmp_path / "sys" / "null" / "Offline", "r-failed")
+    with pytest.raises(RunFailed) as caught:
+        lifecycle.run_staged(first, where, _Guard(), cpu, failing)
+    failed = caught.value.record
+    assert first.to_dict() == snapshot
+    assert (failed.status, failed.error, failed.perf.result) == ("failed", "RuntimeError: the backend broke", "INVALID")
+    assert failed.error_traceback and RunRecord.load(Path(failed.results_path) / "run.json") == failed

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mlharness.errors import UserError
+from mlharness.records.payloads import Performance
 from mlharness.running import tuned, tuning
 from mlharness.running.request import RunRequest
 from mlharness.store.result_store import ResultStore
@@ -24,6 +25,10 @@ from tests.support import newest_run, run_cli
 class _Record:
     run_id: str
     performance: dict[str, Any]
+
+    @property
+    def perf(self) -> Performance:  # as RunRecord reads its performance summary
+        return Performance.from_dict(self.performance)
 
 
 def _objective(figure: str, value_of: Any, calls: list[dict]) -> Any:

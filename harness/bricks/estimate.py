@@ -22,7 +22,7 @@ MISSING_SHOWN = 5  # missing bricks named in the refusal; the rest are counted
 
 def estimate_from_store(p: Prepared, mode: str) -> dict[str, Any]:
     """The estimate from stored bricks (`mode`: request.brick_estimate, "only" or "measure-missing");
-    writes bricks.json. Returns record.bricks."""
+    writes bricks.json. Returns the record's `bricks`."""
     main = p.main_variant
     missing = [b for b in p.decomposition.bricks if (b.key, main) not in p.known]
     empty_missing = (EMPTY_CALL_KEY, main) not in p.known

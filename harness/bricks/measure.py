@@ -55,7 +55,7 @@ class Spent:
 
 
 def measure_bricks(p: Prepared) -> dict[str, Any]:
-    """Benchmark (or reuse) every brick and its variants, compose; writes bricks.json. Returns record.bricks."""
+    """Benchmark (or reuse) every brick and its variants, compose; writes bricks.json. Returns the record's `bricks`."""
     request = p.request
     rule = ConfidenceRule(time_cap=request.brick_time_cap)
     variant_rule = ConfidenceRule(time_cap=max(request.brick_time_cap / 4, 0.05))

@@ -102,8 +102,7 @@ def measured_latency(request: RunRequest) -> dict[str, Any] | None:
         raise UserError(f"measured run {request.measured_run}: no results database to read it from")
     with store:
         measured = store.get_record(request.measured_run)
-    performance = measured.performance or {}
-    p50 = performance.get("p50_latency_ns")
+    p50 = measured.perf.p50_latency_ns if measured.perf else None
     if not measured.is_ok or p50 is None:
         raise UserError(f"measured run {request.measured_run}: no latency to compare with (status {measured.status})")
     return {"run_id": measured.run_id, "latency_ms": float(p50) / 1e6, "scenario": measured.scenario}
@@ -112,7 +111,7 @@ def measured_latency(request: RunRequest) -> dict[str, Any] | None:
 def write_results(staged_dir: Path, record: RunRecord, model_name: str, summary: dict[str, Any],
                   figures: list[compose.BrickFigures], entries: list[dict[str, Any]], measured: list[Row],
                   **rules: Any) -> dict[str, Any]:
-    """bricks.json and the README written into the staged run; the record's `bricks` (returned) set.
+    """bricks.json and the README written into the staged run; returns the record's `bricks`.
     `rules`: rule, variant_rule, main_variant and empty_call_ms, as bricks.json states them."""
     data = {"schema_version": BRICKS_JSON_VERSION, "model": model_name, "summary": summary, **rules,
             "by_op_type": compose.by_op_type(figures), "top_bricks": [f.key for f in compose.top_bricks(figures)],
@@ -120,9 +119,7 @@ def write_results(staged_dir: Path, record: RunRecord, model_name: str, summary:
     write_json(staged_dir / "bricks.json", data)
     write_text(staged_dir / "README.md", readme(model_name, summary, record.command))
     (staged_dir / "optimized.onnx").unlink(missing_ok=True)  # large, and made again from the graph on demand
-    record.bricks = {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json",
-                     "measured": measured}
-    return record.bricks
+    return {"summary": summary, "by_op_type": data["by_op_type"], "bricks_json": "bricks.json", "measured": measured}
 
 
 def readme(model: str, summary: dict[str, Any], command: str) -> str:

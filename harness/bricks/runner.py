@@ -49,7 +49,7 @@ def run_here(request: RunRequest, guard: lifecycle.Guard) -> RunRecord:
         runtime = run.adopt(build_runtime(model, dataset, hardware, backend_name, options))
         loaded = guard.watch(float(options["load_timeout"]), "preparing the model's bricks (samples, graph, capture)")
         try:
-            record.bricks = measure_model(runtime, request, record, where)
+            run.update(bricks=measure_model(runtime, request, run.record, where))
         finally:
             loaded()
 
@@ -64,7 +64,7 @@ def _settings_request(request: RunRequest) -> RunRequest:
 def measure_model(runtime: Runtime, request: RunRequest, record: RunRecord,
                   where: results.ScenarioDir) -> dict[str, Any]:
     """Decompose, benchmark (or reuse) every brick and its variants, compose; writes bricks.json.
-    With request.brick_estimate, compose from the stored bricks instead. Returns record.bricks."""
+    With request.brick_estimate, compose from the stored bricks instead. Returns the record's `bricks`."""
     prepared = prepare(runtime, request, record, where)
     if request.brick_estimate is not None:
         return estimate_from_store(prepared, request.brick_estimate)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from mlharness.records.payloads import BricksSummary
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.tables import format_table
@@ -64,7 +65,7 @@ def _run_model(model: str, base: RunRequest, measure: bool, say: Any, outcome: S
         measured = run_request(measuring_request(replace(base, model=model), base.batch))
         outcome.measured.append(measured)
         measured_id = measured.run_id
-        p50 = (measured.performance or {}).get("p50_latency_ns")
+        p50 = measured.perf.p50_latency_ns if measured.perf else None
         say(f"{measured.model_name}: measured whole by LoadGen {measured.scenario}: p50 "
             f"{p50 / 1e6:.3f} ms (run {measured.run_id})" if p50 else f"{model}: measured (run {measured.run_id})")
     record = run_request(replace(base, model=model, kind="bricks", measured_run=measured_id))
@@ -121,8 +122,7 @@ def format_model(record: RunRecord) -> str:
 def format_suite(records: Sequence[RunRecord]) -> str:
     rows = []
     for r in records:
-        s = (r.bricks or {}).get("summary") or {}
-        rows.append((r.model_name, s.get("unique_bricks"), s.get("reused_bricks"), s.get("estimate_ms"),
-                     s.get("lower_bound_ms"), s.get("measured_ms"),
-                     f"{s['error_pct']:+.1f}%" if s.get("error_pct") is not None else "-"))
+        s = r.bricks_summary or BricksSummary()
+        rows.append((r.model_name, s.unique_bricks, s.reused_bricks, s.estimate_ms, s.lower_bound_ms, s.measured_ms,
+                     f"{s.error_pct:+.1f}%" if s.error_pct is not None else "-"))
     return format_table(("model", "bricks", "reused", "estimate ms", "lower bound ms", "measured ms", "error"), rows)

@@ -58,11 +58,11 @@ def differences(record: RunRecord, request: RunRequest) -> list[str]:
     now: dict[str, Any] = {"model": model, "dataset": index.find("dataset", request.dataset or model.default_dataset),
                            "hardware": index.find("hardware", request.hardware),
                            "software": index.find("software", request.software or backend)}
-    then = {"model": record.model, "dataset": record.dataset, "hardware": record.hardware,
-            "software": (record.software or {}).get("manifest") or {}}
-    lines = [f"{kind} manifest {manifest.name}: sha256 {then[kind]['sha256'][:12]} then, {manifest.sha256[:12]} now "
+    then = {"model": record.model_ref, "dataset": record.dataset_ref, "hardware": record.hardware_ref,
+            "software": record.software_ref}
+    lines = [f"{kind} manifest {manifest.name}: sha256 {then[kind].sha256[:12]} then, {manifest.sha256[:12]} now "
              f"({manifest.path})" for kind, manifest in now.items()
-             if then[kind].get("sha256") and then[kind]["sha256"] != manifest.sha256]
+             if then[kind].sha256 and then[kind].sha256 != manifest.sha256]
     versions_then, versions_now = record.software_versions, system_mod.software_versions()
     for name in sorted(set(versions_then) | set(versions_now)):
         if versions_then.get(name) != versions_now.get(name):

@@ -10,6 +10,7 @@ from mlharness.errors import UserError
 from mlharness.running.settings import SCENARIOS
 
 if TYPE_CHECKING:
+    from mlharness.records.payloads import ManifestRef
     from mlharness.records.run_record import RunRecord
 
 
@@ -72,20 +73,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def describe(record: RunRecord, figures: dict[str, float]) -> str:
     """A run record as readable lines: identity, stack, settings, figures, accuracy, profile."""
-    def ident(part: dict[str, Any] | None) -> str:
-        part = part or {}
-        return f"{part.get('name')} {part.get('version')} (sha256 {str(part.get('sha256'))[:12]})"
+    def ident(ref: ManifestRef) -> str:
+        return f"{ref.name} {ref.version} (sha256 {str(ref.sha256)[:12]})"
 
     settings = record.settings or {}
     lines = [
         f"run {record.run_id}: {record.status}",
         f"  started/finished : {record.started_at} / {record.finished_at}",
-        f"  model            : {ident(record.model)}",
-        f"  dataset          : {ident(record.dataset)}",
+        f"  model            : {ident(record.model_ref)}",
+        f"  dataset          : {ident(record.dataset_ref)}",
         f"  backend          : {record.backend}  scenario {record.scenario}  mode {record.mode}",
-        f"  software         : {ident((record.software or {}).get('manifest'))}  "
+        f"  software         : {ident(record.software_ref)}  "
         + ", ".join(f"{k}={v}" for k, v in record.software_versions.items()),
-        f"  hardware         : {ident(record.hardware)}",
+        f"  hardware         : {ident(record.hardware_ref)}",
         f"  system           : {record.system_name}  "
         + ", ".join(f"{k}={v}" for k, v in record.system_description.items() if k != "hostname"),
         f"  loadgen settings : {settings.get('loadgen')}",
@@ -97,7 +97,7 @@ def describe(record: RunRecord, figures: dict[str, float]) -> str:
         lines.insert(1, f"  kind             : {record.kind}")
     if record.error:
         lines.append(f"  error            : {record.error}")
-    if record.performance:
+    if record.perf is not None:
         lines.append(f"  LoadGen result   : {record.loadgen_result}")
     for name, value in sorted(figures.items()):
         lines.append(f"  {name:<40} {value:g}")
@@ -123,9 +123,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _flat_settings(record: RunRecord) -> dict[str, Any]:
     found = {f"loadgen.{k}": v for k, v in record.loadgen_settings.items()}
     found.update({f"harness.{k}": v for k, v in record.harness_settings.items()})
-    for part in ("model", "dataset", "hardware"):
-        found[f"{part}.sha256"] = (getattr(record, part) or {}).get("sha256")
-    found["software.manifest.sha256"] = ((record.software or {}).get("manifest") or {}).get("sha256")
+    for part, ref in (("model", record.model_ref), ("dataset", record.dataset_ref), ("hardware", record.hardware_ref)):
+        found[f"{part}.sha256"] = ref.sha256
+    found["software.manifest.sha256"] = record.software_ref.sha256
     return found
 
 
@@ -228,10 +228,10 @@ def summary_rows(store: Any, flt: Any) -> list[dict[str, Any]]:
     for record in store.run_records(replace(flt, status="ok")):  # newest first
         if not record.is_loadgen or record.scenario not in _REPORTED:
             continue
-        benchmark = (record.settings or {}).get("conf_model") or record.model_name
+        benchmark = record.conf_model or record.model_name
         key = (record.system_name, benchmark, record.model_name, record.backend, record.scenario)
         group = groups.setdefault(key, {})
-        if record.performance and record.headline()[1] is not None:
+        if record.perf is not None and record.headline()[1] is not None:
             group.setdefault("performance", record)
         if record.accuracy_values:
             group.setdefault("accuracy", record)

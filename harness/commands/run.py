@@ -5,9 +5,14 @@ import argparse
 import shlex
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 from mlharness.running.arguments import add_request_arguments, environment_assignments, request_from_args
 from mlharness.running.request import RunRequest
+
+if TYPE_CHECKING:
+    from mlharness.records.payloads import ColdStart
+    from mlharness.records.run_record import RunRecord
 
 
 def request_of(args: argparse.Namespace) -> RunRequest:
@@ -33,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tests = list(request.compliance)
     record = run(request)
     print(format_summary(record))
-    verdict = (record.accuracy or {}).get("verdict")
+    verdict = record.accuracy_verdict
     if tests:
         from mlharness.submission.compliance import format_outcomes, run_compliance
 
@@ -58,37 +63,37 @@ def _profile_levels(text: str | None) -> list[str]:
     return parse_levels(text)
 
 
-def format_summary(record) -> str:
-    perf = record.performance or {}
-    lines = [f"{record.model['name']} ({record.backend}) {record.scenario} {record.mode}: {record.status}"]
-    if perf:
-        metric = perf.get("metric") or {}
-        lines.append(f"  LoadGen result : {perf.get('result')}")
-        if metric:
-            lines.append(f"  {metric['label']} : {metric['value']}")
+def format_summary(record: RunRecord) -> str:
+    perf = record.perf
+    lines = [f"{record.model_name} ({record.backend}) {record.scenario} {record.mode}: {record.status}"]
+    if perf is not None:
+        lines.append(f"  LoadGen result : {perf.result}")
+        if perf.metric is not None:
+            lines.append(f"  {perf.metric.label} : {perf.metric.value}")
         for key in ("p50_latency_ns", "p90_latency_ns", "p99_latency_ns"):
-            if key in perf:
-                lines.append(f"  {key.split('_')[0]} latency : {_latency_text(perf[key])}")
+            if getattr(perf, key) is not None:
+                lines.append(f"  {key.split('_')[0]} latency : {_latency_text(getattr(perf, key))}")
         from mlharness.records.token_metrics import summary_lines as token_lines
 
-        lines.extend(token_lines(perf))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
-    lines.extend(_cold_start_lines(record.cold_start or {}))
-    for mode, logged in record.loadgen.items():
-        if mode == "accuracy":  # a performance test's counts are printed with its figures above
+        lines.extend(token_lines(perf.tokens))  # a generative model's TTFT, TPOT and tokens/s (LoadGen's token mode)
+    lines.extend(_cold_start_lines(record.cold))
+    for mode, logged in record.loadgen_logs.items():
+        # An accuracy test's token counts; a performance test's are printed with its figures above.
+        if mode == "accuracy" and logged.summary is not None:
             from mlharness.records.token_metrics import token_count_lines
 
-            lines.extend(token_count_lines(logged.get("summary") or {}, mode))
-        lines.extend(_network_lines(mode, (logged.get("sut") or {}).get("network")))
-        for error in logged.get("errors", [])[:3]:
+            lines.extend(token_count_lines(logged.summary.tokens, mode))
+        lines.extend(_network_lines(mode, logged.network))
+        for error in logged.errors[:3]:
             lines.append(f"  LoadGen error ({mode}) : {error[:160]}")
-    if record.accuracy:
-        acc = record.accuracy
-        values = ", ".join(f"{k}={v:.4f}" for k, v in acc["values"].items())
-        lines.append(f"  accuracy ({acc['metric']}) : {values}")
-        for check in acc["checks"]:
-            lines.append(f"    {check['line']}")
-        if acc.get("verdict"):
-            lines.append(f"  reference : {acc['verdict']}")
+    accuracy = record.accuracy_result
+    if accuracy is not None:
+        values = ", ".join(f"{k}={v:.4f}" for k, v in accuracy.values.items())
+        lines.append(f"  accuracy ({accuracy.metric}) : {values}")
+        for check in accuracy.checks:
+            lines.append(f"    {check.line}")
+        if accuracy.verdict:
+            lines.append(f"  reference : {accuracy.verdict}")
     lines.append(f"  results : {record.results_path}")
     return "\n".join(lines)
 
@@ -99,11 +104,12 @@ def _latency_text(nanoseconds: float) -> str:
     return f"{value / 1e6:.3f} ms" if value >= 1e6 else f"{value / 1e3:.1f} us"
 
 
-def _network_lines(mode: str, network: dict | None) -> list[str]:
+def _network_lines(mode: str, network: Mapping[str, Any] | None) -> list[str]:
     """A run against a server: the client's issue lag, and a loud line when the client fell behind
     (its own delay, not the server's, would then be in the latencies)."""
     if not network:
         return []
+    # The network SUT's own facts (mlharness.sut.network): free-form, read as that SUT states them.
     lag, own = network.get("issue_lag_ms") or {}, network.get("client_lag_ms") or {}
     lines = [f"  issue lag ({mode}) : p50 {lag.get('p50', 0):.3f} ms, p99 {lag.get('p99', 0):.3f} ms "
              f"(client's own p99 {own.get('p99', 0):.3f} ms)"]
@@ -113,21 +119,23 @@ def _network_lines(mode: str, network: dict | None) -> list[str]:
     return lines
 
 
-def _cold_start_lines(cold: dict) -> list[str]:
+def _cold_start_lines(cold: ColdStart | None) -> list[str]:
     """Load time, first inference, the warm-up and peak memory, for whichever of them the record has."""
-    parts = [f"{label} {_duration(cold[key])}" for label, key in (
-        ("resolve", "resolve_seconds"), ("load", "load_seconds"), ("first inference", "first_inference_seconds"))
-        if isinstance(cold.get(key), (int, float))]
-    warmup = cold.get("warmup")
-    if isinstance(warmup, dict):
-        parts.append(f"warm-up {warmup['queries']} queries of {warmup['batch_size']} samples in "
-                     f"{_duration(warmup['seconds'])}" if warmup.get("queries") else "no warm-up")
+    if cold is None:
+        return []
+    parts = [f"{label} {_duration(value)}" for label, value in (
+        ("resolve", cold.resolve_seconds), ("load", cold.load_seconds), ("first inference", cold.first_inference_seconds))
+        if value is not None]
+    warmup = cold.warmup
+    if warmup is not None:
+        parts.append(f"warm-up {warmup.queries} queries of {warmup.batch_size} samples in "
+                     f"{_duration(warmup.seconds)}" if warmup.queries else "no warm-up")
     memory = []
-    if isinstance(cold.get("peak_rss_bytes"), int):
-        memory.append(f"peak RSS {cold['peak_rss_bytes'] / 2**20:.0f} MiB")
-    device = cold.get("device_memory")
-    if isinstance(device, dict) and isinstance(device.get("peak_allocated_bytes"), int):
-        memory.append(f"peak {device.get('device')} {device['peak_allocated_bytes'] / 2**20:.0f} MiB allocated")
+    if cold.peak_rss_bytes is not None:
+        memory.append(f"peak RSS {cold.peak_rss_bytes / 2**20:.0f} MiB")
+    device = cold.device_memory
+    if device is not None and device.peak_allocated_bytes is not None:
+        memory.append(f"peak {device.device} {device.peak_allocated_bytes / 2**20:.0f} MiB allocated")
     return ([f"  cold start : {', '.join(parts)}"] if parts else []) + \
         ([f"  memory : {', '.join(memory)}"] if memory else [])
 

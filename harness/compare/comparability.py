@@ -17,8 +17,8 @@ def fingerprint(record: RunRecord) -> dict[str, Any]:
     system = record.system_description
     versions = record.software_versions
     found: dict[str, Any] = {f"system.{k}": system.get(k) for k in SYSTEM_FIELDS}
-    found["hardware.device"] = (record.hardware or {}).get("device")
-    for dist, version in sorted(((record.software or {}).get("checked") or {}).items()):
+    found["hardware.device"] = record.device
+    for dist, version in sorted(record.software_checked.items()):
         found[f"software.{dist}"] = version
     if "mlcommons-loadgen" in versions:
         found["software.mlcommons-loadgen"] = versions["mlcommons-loadgen"]

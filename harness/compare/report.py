@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 from mlharness.atomic_io import write_bytes, write_text
 from mlharness.compare.report_plots import PLOTS, _bricks_records, _png, _pyplot
+from mlharness.records.payloads import DeviceMemory, Warmup
 from mlharness.records.run_record import BRICKS, RunRecord
 from mlharness.tables import format_value
 
@@ -34,15 +35,13 @@ def _cold_start_table(records: list[RunRecord]) -> str | None:
     no run recorded them (records from before cold start was measured)."""
     rows = []
     for r in records:
-        cold = r.cold_start or {}
-        if not cold:
+        cold = r.cold
+        if cold is None:
             continue
-        warmup, device = cold.get("warmup") or {}, cold.get("device_memory") or {}
-        rows.append((r.run_id, cold.get("resolve_seconds"), cold.get("enumerate_seconds"),
-                     cold.get("compile_seconds"), cold.get("load_seconds"),
-                     _scaled(cold.get("first_inference_seconds"), 1e3), warmup.get("queries"), warmup.get("batch_size"),
-                     warmup.get("seconds"), _scaled(cold.get("peak_rss_bytes"), 2**-20),
-                     _scaled(device.get("peak_allocated_bytes"), 2**-20)))
+        warmup, device = cold.warmup or Warmup(), cold.device_memory or DeviceMemory()
+        rows.append((r.run_id, cold.resolve_seconds, cold.enumerate_seconds, cold.compile_seconds, cold.load_seconds,
+                     _scaled(cold.first_inference_seconds, 1e3), warmup.queries, warmup.batch_size, warmup.seconds,
+                     _scaled(cold.peak_rss_bytes, 2**-20), _scaled(device.peak_allocated_bytes, 2**-20)))
     if not rows:
         return None
     return _table(("run id", "resolve (s)", "enumerate (s)", "compile (s)", "load (s)", "first inference (ms)",
@@ -53,7 +52,7 @@ def _token_table(records: list[RunRecord]) -> str | None:
     """Per generative run: TTFT, TPOT, inter-token latency, tokens/s, goodput (mlharness.records.token_metrics)."""
     from mlharness.records.token_metrics import REPORT_COLUMNS, report_row
 
-    rows = [(r.run_id, *row) for r in records if (row := report_row(r.performance or {})) is not None]
+    rows = [(r.run_id, *row) for r in records if r.perf is not None and (row := report_row(r.perf.tokens)) is not None]
     return _table(("run id", *REPORT_COLUMNS), rows) if rows else None
 
 
@@ -95,10 +94,9 @@ def write_report(records: list[RunRecord], out_dir: Path, title: str,
 def bricks_table(records: Iterable[RunRecord]) -> str:
     rows = []
     for r in _bricks_records(records):
-        s = r.bricks["summary"]
-        rows.append((r.model_name, r.run_id, s.get("batch"), s.get("nodes"), s.get("unique_bricks"), s.get("reused_bricks"),
-                     s.get("estimate_ms"), s.get("lower_bound_ms"), s.get("measured_ms"), s.get("error_pct"),
-                     s.get("brick_seconds"), s.get("whole_model_seconds"), s.get("speedup")))
+        s = r.bricks_summary
+        rows.append((r.model_name, r.run_id, s.batch, s.nodes, s.unique_bricks, s.reused_bricks, s.estimate_ms,
+                     s.lower_bound_ms, s.measured_ms, s.error_pct, s.brick_seconds, s.whole_model_seconds, s.speedup))
     return _table(("model", "run id", "batch", "nodes", "unique bricks", "reused", "estimate (ms)", "lower bound (ms)",
                    "measured (ms)", "error (%)", "bricks (s)", "whole model (s)", "speedup"), rows)
 

@@ -12,12 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mlharness.records.payloads import BricksSummary
 from mlharness.records.run_record import BRICKS, RunRecord
-
-PERCENTILE_KEYS = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95), ("p97_latency_ns", 97),
-                   ("p99_latency_ns", 99), ("p99_9_latency_ns", 99.9))
-THROUGHPUT_KEYS = ("samples_per_second", "completed_samples_per_second")
-
 
 @dataclass
 class Plot:
@@ -60,11 +56,8 @@ def _threads(record: RunRecord) -> int | None:
 
 
 def _throughput(record: RunRecord) -> float | None:
-    perf = record.performance or {}
-    for key in THROUGHPUT_KEYS:
-        if isinstance(perf.get(key), (int, float)):
-            return float(perf[key])
-    return None
+    perf = record.perf
+    return perf.throughput if perf is not None else None
 
 
 def _by_scenario(records: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
@@ -83,8 +76,8 @@ def latency_plots(records: list[RunRecord]) -> list[Plot]:
     for scenario, runs in sorted(_by_scenario(records).items()):
         curves: dict[str, list[tuple[float, float]]] = {}
         for record in runs:
-            perf = record.performance or {}
-            points = [(perf[key] / 1e6, pct) for key, pct in PERCENTILE_KEYS if isinstance(perf.get(key), (int, float))]
+            perf = record.perf
+            points = [(ns / 1e6, pct) for pct, ns in perf.latency_percentiles()] if perf is not None else []
             if points:
                 curves.setdefault(_label(record), points)  # one curve per configuration: the first (newest) run
         if not curves:
@@ -229,7 +222,7 @@ def profile_plots(records: list[RunRecord]) -> list[Plot]:
 
 
 def _bricks_records(records: Iterable[RunRecord]) -> list[RunRecord]:
-    return [r for r in records if r.kind == BRICKS and r.is_ok and (r.bricks or {}).get("summary")]
+    return [r for r in records if r.kind == BRICKS and r.is_ok and r.bricks_summary is not None]
 
 
 def bricks_plots(records: list[RunRecord]) -> list[Plot]:
@@ -240,11 +233,13 @@ def bricks_plots(records: list[RunRecord]) -> list[Plot]:
         return []
     plt = _pyplot()
     names = [r.model_name or r.run_id for r in bricks]
-    series = (("estimate", "estimate_ms"), ("measured (LoadGen p50)", "measured_ms"), ("lower bound", "lower_bound_ms"))
+    series: tuple[tuple[str, Callable[[BricksSummary], float | None]], ...] = (
+        ("estimate", lambda s: s.estimate_ms), ("measured (LoadGen p50)", lambda s: s.measured_ms),
+        ("lower bound", lambda s: s.lower_bound_ms))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(bricks) + 2), 4))
     width = 0.8 / len(series)
-    for i, (label, key) in enumerate(series):
-        values = [float(r.bricks["summary"].get(key) or 0.0) for r in bricks]
+    for i, (label, figure) in enumerate(series):
+        values = [float(figure(r.bricks_summary) or 0.0) for r in bricks]
         ax.bar([x + (i - 1) * width for x in range(len(bricks))], values, width, label=label)
     ax.set_xticks(range(len(bricks)), names, rotation=30, ha="right")
     ax.set_ylabel("latency of one call (ms)")
@@ -253,13 +248,13 @@ def bricks_plots(records: list[RunRecord]) -> list[Plot]:
                   "Per model: the sum of its bricks' medians (estimate), LoadGen's p50 of the whole model, and "
                   "the sum of each brick's best variant (Benanza's lower bound).", _png(fig))]
     for index, record in enumerate(bricks):
-        rows = record.bricks.get("by_op_type") or []
+        rows = record.bricks_result.by_op_type
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
-        ops = [row["op_type"] for row in rows][::-1]
-        ax.barh([y + 0.2 for y in range(len(ops))], [row["measured_ms"] for row in rows][::-1], 0.4, label="as executed")
-        ax.barh([y - 0.2 for y in range(len(ops))], [row["lower_bound_ms"] for row in rows][::-1], 0.4, label="lower bound")
+        ops = [row.op_type for row in rows][::-1]
+        ax.barh([y + 0.2 for y in range(len(ops))], [row.measured_ms for row in rows][::-1], 0.4, label="as executed")
+        ax.barh([y - 0.2 for y in range(len(ops))], [row.lower_bound_ms for row in rows][::-1], 0.4, label="lower bound")
         ax.set_yticks(range(len(ops)), ops)
         ax.set_xlabel("ms per call (brick medians x multiplicity)")
         ax.legend()

@@ -121,7 +121,7 @@ def _flat_settings(record: RunRecord) -> dict[str, Any]:
     found: dict[str, Any] = {f"loadgen.{k}": v for k, v in record.loadgen_settings.items()}
     found.update({f"harness.{k}": v for k, v in record.harness_settings.items()})
     for kind, ref in record.manifest_refs():
-        found[f"{kind}.{ref.get('name')}"] = f"{ref.get('version')} sha256 {str(ref.get('sha256'))[:12]}"
+        found[f"{kind}.{ref.name}"] = f"{ref.version} sha256 {str(ref.sha256)[:12]}"
     return found
 
 
@@ -199,7 +199,7 @@ def _sweep_page(root: Path, store: Any, sweep: Any, site: Site) -> None:
 
 def _bricks_page(root: Path, site: Site) -> bool:
     records = latest_bricks([run.record for run in site.runs])
-    records = [r for r in records if (r.bricks or {}).get("summary")]
+    records = [r for r in records if r.bricks_summary is not None]
     pages = {run.record.run_id: run.page for run in site.runs}
     if not records:
         body = "<p class='note'>No layer benchmarks in the database (mlharness bricks MODEL).</p>"

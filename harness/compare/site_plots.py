@@ -39,19 +39,20 @@ def shown_name(name: str) -> str:
 
 def accuracy_reference_plot(record: RunRecord) -> list[Plot]:
     """Measured accuracy against the reference log's expected value and tolerance, per metric."""
-    checks = [c for c in (record.accuracy or {}).get("checks") or []
-              if isinstance(c, dict) and isinstance(c.get("measured"), (int, float))
-              and isinstance(c.get("expected"), (int, float))]
+    accuracy = record.accuracy_result
+    # The value checks (a sample's output check expects a list, not one value: not plotted).
+    checks = [c for c in (accuracy.checks if accuracy else ())
+              if c.measured is not None and isinstance(c.expected, (int, float))]
     if not checks:
         return []
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = range(len(checks))
-    ax.bar([x - 0.2 for x in xs], [c["expected"] for c in checks], 0.4, label="reference (expected)",
-           yerr=[float(c.get("tolerance") or 0) for c in checks], capsize=4, color="#9db4d8")
-    ax.bar([x + 0.2 for x in xs], [c["measured"] for c in checks], 0.4, label="measured",
-           color=["#3a8d4f" if c.get("pass") else "#c0392b" for c in checks])
-    ax.set_xticks(list(xs), [str(c.get("name")) for c in checks])
+    ax.bar([x - 0.2 for x in xs], [c.expected for c in checks], 0.4, label="reference (expected)",
+           yerr=[float(c.tolerance or 0) for c in checks], capsize=4, color="#9db4d8")
+    ax.bar([x + 0.2 for x in xs], [c.measured for c in checks], 0.4, label="measured",
+           color=["#3a8d4f" if c.passed else "#c0392b" for c in checks])
+    ax.set_xticks(list(xs), [str(c.name) for c in checks])
     ax.set_ylabel("accuracy (fraction of samples)")
     ax.set_xlabel("metric (error bar: the reference's tolerance)")
     ax.set_title(f"{record.model_name}/{record.backend}: accuracy vs reference ({record.accuracy_verdict})")

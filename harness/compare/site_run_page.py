@@ -75,8 +75,7 @@ def _settings_rows(record: RunRecord) -> list[tuple[str, str, Any, str]]:
 
 
 def _manifest_rows(record: RunRecord) -> list[tuple[str, Any, Any, Any]]:
-    return [(kind, (ref or {}).get("name"), (ref or {}).get("version"), str((ref or {}).get("sha256") or "")[:16])
-            for kind, ref in record.manifest_refs()]
+    return [(kind, ref.name, ref.version, (ref.sha256 or "")[:16]) for kind, ref in record.manifest_refs()]
 
 
 def _profile_section(root: Path, run: SiteRun) -> str:
@@ -110,24 +109,24 @@ def _profile_section(root: Path, run: SiteRun) -> str:
 
 
 def _loadgen_section(record: RunRecord) -> str:
-    perf = record.performance or {}
-    if not perf:
+    perf = record.perf
+    if perf is None:
         return "<p class='note'>No LoadGen performance summary (an accuracy run, a layer benchmark, or a run that " \
                "failed before one was written).</p>"
-    raw = perf.get("raw") if isinstance(perf.get("raw"), dict) else {}
-    rows = list(raw.items()) or [(k, v) for k, v in perf.items() if k not in ("raw", "metric")]
+    # LoadGen's summary shown whole, by its own labels (free-form: LoadGen's version decides them); a
+    # summary without its lines shows every key the record stored.
+    rows = list(perf.raw.items()) or [(k, v) for k, v in perf.stored.items() if k not in ("raw", "metric")]
     parts = [definitions([("result", esc(record.loadgen_result or "-")),
                            ("headline", esc(f"{shown_name(record.headline()[0])}: {format_value(headline_shown(record))}"))])]
     if record.status == "failed":
         parts.append("<p class='note'>The run failed: this is LoadGen's summary up to the failure, not a result.</p>")
     parts.append(f"<details><summary>all {len(rows)} keys of LoadGen's summary</summary>"
                  + table(("LoadGen summary key", "value"), rows) + "</details>")
-    for mode, logged in sorted((record.loadgen or {}).items()):
-        if isinstance(logged, dict):
-            for kind in ("errors", "warnings"):
-                if logged.get(kind):
-                    parts.append(f"<p><b>LoadGen {kind} ({esc(mode)})</b></p><ul>"
-                                 + "".join(f"<li><code>{esc(str(x))}</code></li>" for x in logged[kind]) + "</ul>")
+    for mode, logged in sorted(record.loadgen_logs.items()):
+        for kind, lines in (("errors", logged.errors), ("warnings", logged.warnings)):
+            if lines:
+                parts.append(f"<p><b>LoadGen {kind} ({esc(mode)})</b></p><ul>"
+                             + "".join(f"<li><code>{esc(x)}</code></li>" for x in lines) + "</ul>")
     return "".join(parts)
 
 
@@ -137,46 +136,45 @@ def headline_shown(record: RunRecord) -> float | None:
 
 
 def _accuracy_section(record: RunRecord) -> str:
-    accuracy = record.accuracy or {}
-    if not accuracy:
+    accuracy = record.accuracy_result
+    if accuracy is None:
         return ""
-    parts = [definitions([("metric", esc(accuracy.get("metric") or "-")),
-                           ("result", esc(accuracy.get("headline") or "-")),
-                           ("reference", esc(accuracy.get("reference") or "none (no reference log for this model, "
-                                                                           "dataset and backend)")),
-                           ("verdict", esc(accuracy.get("verdict") or "-"))])]
-    values = [(k, v) for k, v in sorted(record.accuracy_values.items())]
+    parts = [definitions([("metric", esc(accuracy.metric or "-")),
+                           ("result", esc(accuracy.headline or "-")),
+                           ("reference", esc(accuracy.reference or "none (no reference log for this model, "
+                                                                    "dataset and backend)")),
+                           ("verdict", esc(accuracy.verdict or "-"))])]
+    values = [(k, v) for k, v in sorted(accuracy.values.items())]
     if values:
         parts.append(table(("accuracy figure", "value"), values))
-    checks = [(c.get("name"), c.get("expected"), c.get("tolerance"), c.get("measured"),
-               "PASS" if c.get("pass") else "FAIL") for c in accuracy.get("checks") or [] if isinstance(c, dict)]
+    checks = [(c.name, c.expected, c.tolerance, c.measured, c.verdict) for c in accuracy.checks]
     if checks:
         parts.append(table(("check", "expected", "tolerance", "measured", "verdict"), checks))
-    for note in accuracy.get("notes") or []:
-        parts.append(f"<p class='note'>{esc(str(note))}</p>")
+    for note in accuracy.notes:
+        parts.append(f"<p class='note'>{esc(note)}</p>")
     return "".join(parts)
 
 
 def _cold_start_section(record: RunRecord) -> str:
-    cold = record.cold_start or {}
-    if not cold:
+    cold = record.cold
+    if cold is None:
         return ""
     rows = []
-    for key, value in cold.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            unit, factor = figure_unit(f"coldstart.{key}")
-            if key.endswith("_seconds") and value < 1:
-                unit, factor = "ms", 1e3
-            rows.append((key.removesuffix("_seconds").removesuffix("_bytes"), value * factor, unit))
-    warmup = cold.get("warmup") or {}
-    for key in ("queries", "samples", "batch_size"):
-        if key in warmup:
-            rows.append((f"warm-up {key}", warmup[key], "count"))
-    if isinstance(warmup.get("seconds"), (int, float)):
-        rows.append(("warm-up time", warmup["seconds"] * 1e3, "ms"))
-    for key, value in (cold.get("device_memory") or {}).items():
-        if isinstance(value, (int, float)):
-            rows.append((f"device {key}", value * 2**-20, "MiB"))
+    # Every phase the run's runtime timed (they differ by runtime: a server's connect, an LLM's tokenizer).
+    for key, value in cold.figures().items():
+        unit, factor = figure_unit(f"coldstart.{key}")
+        if key.endswith("_seconds") and value < 1:
+            unit, factor = "ms", 1e3
+        rows.append((key.removesuffix("_seconds").removesuffix("_bytes"), value * factor, unit))
+    warmup = cold.warmup
+    if warmup is not None:
+        for key, value in (("queries", warmup.queries), ("samples", warmup.samples), ("batch_size", warmup.batch_size)):
+            if value is not None:
+                rows.append((f"warm-up {key}", value, "count"))
+        if warmup.seconds is not None:
+            rows.append(("warm-up time", warmup.seconds * 1e3, "ms"))
+    for key, value in (cold.device_memory.figures() if cold.device_memory else {}).items():
+        rows.append((f"device {key}", value * 2**-20, "MiB"))
     return table(("cold start / memory", "value", "unit"), rows)
 
 
@@ -255,13 +253,13 @@ def write_run_page(root: Path, run: SiteRun, previous: SiteRun | None) -> None:
         acc_plots = accuracy_reference_plot(record) or accuracy_plots([record])
         plots_for += acc_plots
         sections.append(("Accuracy vs reference", accuracy + figures_html(acc_plots, folder)))
-    if record.kind == BRICKS and record.bricks:
+    if record.kind == BRICKS and record.bricks_result is not None:
         b_plots = bricks_plots([record])
         plots_for += b_plots
         sections.append(("Bricks (layer benchmark)", bricks_table([record]) + figures_html(b_plots, folder)))
     settings = _settings_rows(record)
     if settings:
-        layers = " < ".join(str(x) for x in (record.settings or {}).get("layers") or [])
+        layers = " < ".join(record.setting_layers)
         sections.append(("Settings and where each came from",
                          (f"<p class='note'>Layers, lowest first: {esc(layers)}</p>" if layers else "")
                          + table(("kind", "key", "value", "set by"), settings)))

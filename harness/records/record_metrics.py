@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from mlharness.records.payloads import AccuracyResult, BricksResult, ColdStart, Performance
+
 # Which way is better, by the figure's key (the part after the dot); checked in order.
 _HIGHER_IS_BETTER = ("per_second", "accuracy.", "qps")
 _LOWER_IS_BETTER = ("latency", "_ns", "seconds", "bytes", "queue_share")  # queue_share: a token run's time waiting
@@ -37,27 +39,23 @@ def _part(record: Any, name: str) -> Any:
 
 
 def flatten(record: Any) -> dict[str, float]:
-    """Every numeric performance, accuracy and cold-start figure of a record (a RunRecord or its dict)."""
+    """Every numeric performance, accuracy and cold-start figure of a record (a RunRecord or its dict),
+    read through the payloads' typed views (mlharness.records.payloads)."""
     figures: dict[str, float] = {}
     scenario = str(_part(record, "scenario") or "unknown").lower()
-    for key, value in (_part(record, "performance") or {}).items():
-        if key not in ("raw", "metric") and (number := _number(value)) is not None:
-            figures[f"{scenario}.{key}"] = number
-    accuracy = _part(record, "accuracy") or {}
-    for key, value in (accuracy.get("values") or {}).items():
+    for key, value in Performance.from_dict(_part(record, "performance")).figures().items():
+        figures[f"{scenario}.{key}"] = value
+    for key, value in AccuracyResult.from_dict(_part(record, "accuracy")).values.items():
         if (number := _number(value)) is not None:
             figures[f"accuracy.{key}"] = number
-    cold_start = _part(record, "cold_start") or {}
-    for key, value in cold_start.items():  # the warm-up is a setting, not a figure: left out
-        if (number := _number(value)) is not None:
-            figures[f"coldstart.{key}"] = number
-    for key, value in (cold_start.get("device_memory") or {}).items():
-        if (number := _number(value)) is not None:
-            figures[f"coldstart.device_{key}"] = number
-    summary = (_part(record, "bricks") or {}).get("summary") or {}
-    for key, value in summary.items():
-        if (number := _number(value)) is not None:
-            figures[f"bricks.{key}"] = number
+    cold_start = ColdStart.from_dict(_part(record, "cold_start"))
+    for key, value in cold_start.figures().items():  # the warm-up is a setting, not a figure: left out
+        figures[f"coldstart.{key}"] = value
+    for key, value in (cold_start.device_memory.figures() if cold_start.device_memory else {}).items():
+        figures[f"coldstart.device_{key}"] = value
+    summary = BricksResult.from_dict(_part(record, "bricks")).summary
+    for key, value in (summary.figures() if summary else {}).items():
+        figures[f"bricks.{key}"] = value
     return figures
 
 

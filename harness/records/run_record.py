@@ -11,6 +11,15 @@ from typing import Any, Callable, Mapping, Union, get_args, get_origin, get_type
 
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
+from mlharness.records.payloads import (
+    AccuracyResult,
+    BricksResult,
+    BricksSummary,
+    ColdStart,
+    LoadGenLog,
+    ManifestRef,
+    Performance,
+)
 
 # What a record measured. A LoadGen test (every run so far) has a scenario, LoadGen settings and a
 # LoadGen summary; later kinds (layer benchmarks, LLM token runs) will not, so a reader that needs
@@ -36,6 +45,12 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
 # ones are refused rather than guessed at.
 MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2, _v2_to_v3]
 RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
+
+
+def _key(part: Any, key: str) -> Any:
+    """One key of a record's dict field (settings, software, hardware), None when the field is null or
+    not a mapping: the one place the record's own accessors read its dicts."""
+    return part.get(key) if isinstance(part, Mapping) else None
 
 
 def new_run_id() -> str:
@@ -101,6 +116,41 @@ class RunRecord:
                    extra={k: v for k, v in data.items() if k not in known})
 
     # ---- typed accessors: what readers need, without digging in the nested dicts --------------
+    # The payload fields above are the dicts run.json holds (what is written); readers take these typed
+    # views of them (mlharness.records.payloads), built when asked, so a record's file keeps its shape.
+
+    @property
+    def perf(self) -> Performance | None:
+        """LoadGen's performance summary, None when the run has none (an accuracy run, a layer benchmark,
+        a run that failed before LoadGen wrote one)."""
+        return Performance.from_dict(self.performance) if self.performance else None
+
+    @property
+    def accuracy_result(self) -> AccuracyResult | None:
+        """The accuracy test's score, None when accuracy was not measured."""
+        return AccuracyResult.from_dict(self.accuracy) if self.accuracy else None
+
+    @property
+    def cold(self) -> ColdStart | None:
+        """Cold start and memory, None for a record from before they were measured."""
+        return ColdStart.from_dict(self.cold_start) if self.cold_start else None
+
+    @property
+    def bricks_result(self) -> BricksResult | None:
+        """A layer benchmark's figures (kind BRICKS), None for other records."""
+        return BricksResult.from_dict(self.bricks) if self.bricks else None
+
+    @property
+    def bricks_summary(self) -> BricksSummary | None:
+        """A layer benchmark's composed figures, None for other records (and one that never composed)."""
+        result = self.bricks_result
+        return result.summary if result else None
+
+    @property
+    def loadgen_logs(self) -> dict[str, LoadGenLog]:
+        """Each LoadGen test the run ran (accuracy, performance), in the order run."""
+        return {str(mode): LoadGenLog.from_dict(logged) for mode, logged in (self.loadgen or {}).items()
+                if isinstance(logged, Mapping)}
 
     @property
     def is_ok(self) -> bool:
@@ -113,19 +163,47 @@ class RunRecord:
         return self.kind == LOADGEN
 
     @property
+    def model_ref(self) -> ManifestRef:
+        """The model manifest's identity (name, version, sha256, path)."""
+        return ManifestRef.from_dict(self.model)
+
+    @property
+    def dataset_ref(self) -> ManifestRef:
+        return ManifestRef.from_dict(self.dataset)
+
+    @property
+    def hardware_ref(self) -> ManifestRef:
+        return ManifestRef.from_dict(self.hardware)
+
+    @property
+    def software_ref(self) -> ManifestRef:
+        """The software manifest's identity (`software.manifest`)."""
+        return ManifestRef.from_dict(_key(self.software, "manifest"))
+
+    @property
     def model_name(self) -> str | None:
         """The model manifest's name."""
-        return (self.model or {}).get("name")
+        return self.model_ref.name
+
+    @property
+    def device(self) -> str | None:
+        """The device the run used (cpu, cuda:0), as the hardware manifest named it."""
+        device = _key(self.hardware, "device")
+        return device if isinstance(device, str) else None
 
     @property
     def harness_settings(self) -> dict[str, Any]:
         """The harness keys the run used (max_batch_size, workers, ...)."""
-        return dict((self.settings or {}).get("harness") or {})
+        return self._settings_part("harness")
 
     @property
     def loadgen_settings(self) -> dict[str, Any]:
         """The LoadGen keys written to the run's user.conf."""
-        return dict((self.settings or {}).get("loadgen") or {})
+        return self._settings_part("loadgen")
+
+    def _settings_part(self, name: str) -> dict[str, Any]:
+        part = _key(self.settings, name)
+        return dict(part) if isinstance(part, Mapping) else {}
 
     def harness_setting(self, key: str, default: Any = None) -> Any:
         """One harness key's value, `default` when the run did not record it."""
@@ -137,12 +215,24 @@ class RunRecord:
 
     def setting_origin(self, key: str) -> str | None:
         """The settings layer that set a key (model, measured, a preset, user.conf, --set), None if unknown."""
-        return ((self.settings or {}).get("origin") or {}).get(key)
+        return self.setting_origins.get(key)
 
     @property
     def setting_origins(self) -> dict[str, str]:
         """Every key's settings layer."""
-        return dict((self.settings or {}).get("origin") or {})
+        return self._settings_part("origin")
+
+    @property
+    def setting_layers(self) -> list[str]:
+        """The settings layers the run applied, lowest first (model, presets, user.conf, --set, ...)."""
+        layers = _key(self.settings, "layers")
+        return [str(layer) for layer in layers] if isinstance(layers, list) else []
+
+    @property
+    def conf_model(self) -> str | None:
+        """The benchmark name the run's user.conf lines start with (MLPerf's model name)."""
+        name = _key(self.settings, "conf_model")
+        return name if isinstance(name, str) and name else None
 
     @property
     def batch_size(self) -> int | None:
@@ -153,44 +243,57 @@ class RunRecord:
     @property
     def threads(self) -> int | None:
         """intra_op_threads as set, else as the backend reported it."""
-        value = self.harness_setting("intra_op_threads", (self.backend_info or {}).get("intra_op_threads"))
+        value = self.harness_setting("intra_op_threads", _key(self.backend_info, "intra_op_threads"))
         return int(value) if value is not None else None
 
     @property
     def loadgen_result(self) -> str | None:
         """LoadGen's verdict string (VALID, INVALID), None without a performance summary."""
-        return (self.performance or {}).get("result")
+        perf = self.perf
+        return perf.result if perf else None
 
     @property
     def valid(self) -> bool | None:
         """LoadGen's VALID/INVALID as a bool, None without a performance summary."""
-        return bool(self.performance.get("valid")) if self.performance else None
+        perf = self.perf
+        return perf.valid if perf else None
 
     @property
-    def accuracy_values(self) -> dict[str, Any]:
+    def accuracy_values(self) -> dict[str, float]:
         """The accuracy metric's values (top1, ...), empty when accuracy was not measured."""
-        return dict((self.accuracy or {}).get("values") or {})
+        result = self.accuracy_result
+        return dict(result.values) if result else {}
 
     @property
     def accuracy_verdict(self) -> str | None:
         """PASS/FAIL against the reference log, None without one."""
-        return (self.accuracy or {}).get("verdict")
+        result = self.accuracy_result
+        return result.verdict if result else None
 
     @property
     def software_versions(self) -> dict[str, str]:
         """Installed versions of the packages that matter (frameworks, LoadGen)."""
-        return dict((self.software or {}).get("versions") or {})
+        return self._software_part("versions")
+
+    @property
+    def software_checked(self) -> dict[str, str]:
+        """The software manifest's packages as found installed when the run started (empty against a server)."""
+        return self._software_part("checked")
+
+    def _software_part(self, name: str) -> dict[str, Any]:
+        part = _key(self.software, name)
+        return dict(part) if isinstance(part, Mapping) else {}
 
     @property
     def system_description(self) -> dict[str, Any]:
         """The detected system (CPU model, cores, GPUs, ...)."""
         return dict(self.system or {})
 
-    def manifest_refs(self) -> list[tuple[str, dict[str, Any]]]:
+    def manifest_refs(self) -> list[tuple[str, ManifestRef]]:
         """(specs folder, identity) of every manifest the run named: model, dataset, hardware, software, reference."""
         refs = [("models", self.model), ("datasets", self.dataset), ("hardware", self.hardware),
-                ("software", (self.software or {}).get("manifest")), ("references", self.reference)]
-        return [(kind, ref) for kind, ref in refs if ref]
+                ("software", _key(self.software, "manifest")), ("references", self.reference)]
+        return [(kind, ManifestRef.from_dict(ref)) for kind, ref in refs if ref]
 
     def figures(self) -> dict[str, float]:
         """Every named numeric figure (mlharness.records.record_metrics.flatten)."""
@@ -244,7 +347,7 @@ def _check_shapes(data: dict[str, Any], where: str) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
             raise UserError(f"{where}: {name}: expected {_WORDS[kind]}, got {_short(value)}")
     for outer, inner in _NESTED_MAPPINGS:
-        value = (data.get(outer) or {}).get(inner)
+        value = _key(data.get(outer), inner)
         if value is not None and not isinstance(value, dict):
             raise UserError(f"{where}: {outer}.{inner}: expected {_WORDS[dict]}, got {_short(value)}")
 

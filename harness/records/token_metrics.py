@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 _PERCENTILE = re.compile(r"^(\d+(?:\.\d+)?) percentile (first token latency|time to output token) \(ns\)$")
@@ -134,62 +136,181 @@ def sut_stage_figures(samples: Sequence[tuple[int, int, Sequence[int]]], steps: 
     return found
 
 
-def summary_lines(performance: Mapping[str, Any]) -> list[str]:
+# ---- the typed view of a run's token figures ----------------------------------------------------
+# Defined here, beside the figures it names, because this module stays a leaf (the SUT imports it);
+# mlharness.records.payloads.Performance.tokens is one of these.
+
+TOKEN_STATS = ("min", "max", "mean", "p50", "p90", "p95", "p97", "p99", "p99_9")
+TOKEN_KINDS = ("ttft", "tpot", "itl")
+SAMPLE_STAGES = ("queue", "engine_queue", "prefill", "decode")
+_TOKEN_KEY = re.compile(rf"^(?:(?:{'|'.join(TOKEN_KINDS)})_(?:{'|'.join(TOKEN_STATS)})_ns"
+                        rf"|(?:{'|'.join(SAMPLE_STAGES)})_(?:p50_ns|p90_ns|share))$")
+_TOKEN_KEYS = frozenset({"tokens_per_second", "completed_tokens_per_second", "goodput_fraction", "goodput_samples",
+                         "goodput_samples_per_second", "goodput_limits", "output_tokens_client", "output_tokens_server",
+                         "token_count_mismatch_share", "token_count_source"})
+
+
+def is_token_key(key: str) -> bool:
+    """Whether a performance summary's key is a token figure (TokenMetrics types it)."""
+    return key in _TOKEN_KEYS or bool(_TOKEN_KEY.match(key))
+
+
+def _number(value: Any) -> float | int | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """One token latency's distribution (ns): TTFT, TPOT (LoadGen's) or inter-token latency (the SUT's)."""
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p97: float | None = None
+    p99: float | None = None
+    p99_9: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], kind: str) -> "LatencyStats":
+        return cls(**{stat: _number(data.get(f"{kind}_{stat}_ns")) for stat in TOKEN_STATS})
+
+    def stat(self, name: str) -> float | None:
+        """A statistic by name (p50, p90, p99, ...)."""
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class StageShare:
+    """Where a sample's time went on the SUT's clock, one stage (sut_stage_figures)."""
+    p50_ns: float | None = None
+    p90_ns: float | None = None
+    share: float | None = None  # the stage's part of all samples' time
+
+
+@dataclass(frozen=True)
+class TokenMetrics:
+    """A generative run's token figures, among its performance summary's keys (this module's doc):
+    LoadGen's TTFT, TPOT and tokens/s, the SUT's inter-token latency, goodput and time per stage, and the
+    output token counts of a run against an LLM server. A key missing (an older record, a run without
+    token mode) or of another type reads as None; the summary's other keys are Performance's."""
+    ttft: LatencyStats = field(default_factory=LatencyStats)
+    tpot: LatencyStats = field(default_factory=LatencyStats)
+    itl: LatencyStats = field(default_factory=LatencyStats)
+    tokens_per_second: float | None = None  # Offline
+    completed_tokens_per_second: float | None = None  # Server
+    goodput_fraction: float | None = None
+    goodput_samples: int | None = None
+    goodput_samples_per_second: float | None = None
+    goodput_limits: str | None = None  # the TTFT and TPOT limits, as text
+    stages: Mapping[str, StageShare] = field(default_factory=lambda: MappingProxyType({}))  # those measured, in order
+    output_tokens_client: int | None = None
+    output_tokens_server: int | None = None
+    token_count_mismatch_share: float | None = None
+    token_count_source: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TokenMetrics":
+        """The token figures among a summary's keys (a performance dict, an accuracy test's summary, or
+        the SUT's figures as measured)."""
+        s: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
+        stages = {name: StageShare(_number(s.get(f"{name}_p50_ns")), _number(s.get(f"{name}_p90_ns")),
+                                   _number(s.get(f"{name}_share")))
+                  for name in SAMPLE_STAGES if _number(s.get(f"{name}_share")) is not None}
+        limits, source = s.get("goodput_limits"), s.get("token_count_source")
+        return cls(ttft=LatencyStats.from_dict(s, "ttft"), tpot=LatencyStats.from_dict(s, "tpot"),
+                   itl=LatencyStats.from_dict(s, "itl"), tokens_per_second=_number(s.get("tokens_per_second")),
+                   completed_tokens_per_second=_number(s.get("completed_tokens_per_second")),
+                   goodput_fraction=_number(s.get("goodput_fraction")), goodput_samples=_int(s.get("goodput_samples")),
+                   goodput_samples_per_second=_number(s.get("goodput_samples_per_second")),
+                   goodput_limits=limits if isinstance(limits, str) else None, stages=MappingProxyType(stages),
+                   output_tokens_client=_int(s.get("output_tokens_client")),
+                   output_tokens_server=_int(s.get("output_tokens_server")),
+                   token_count_mismatch_share=_number(s.get("token_count_mismatch_share")),
+                   token_count_source=source if isinstance(source, str) else None)
+
+    def latency(self, kind: str) -> LatencyStats:
+        """ttft, tpot or itl."""
+        return getattr(self, kind)
+
+    @property
+    def output_tokens_per_second(self) -> float | None:
+        """Offline's tokens/s, else Server's completed tokens/s."""
+        return self.tokens_per_second if self.tokens_per_second is not None else self.completed_tokens_per_second
+
+    @property
+    def counted_tokens(self) -> bool:
+        """A run against an LLM server: the client's and the server's output token counts were kept."""
+        return self.output_tokens_client is not None
+
+
+def _metrics(figures: TokenMetrics | Mapping[str, Any]) -> TokenMetrics:
+    """The typed token figures of a performance summary (or of a dict of token figures, as measured)."""
+    return figures if isinstance(figures, TokenMetrics) else TokenMetrics.from_dict(figures)
+
+
+def summary_lines(performance: TokenMetrics | Mapping[str, Any]) -> list[str]:
     """What a run's summary prints of its token figures: TTFT, TPOT and inter-token latency p50/p90/p99
     in ms, tokens/s, goodput."""
+    tokens = _metrics(performance)
     lines = []
     for kind, label in (("ttft", "time to first token (TTFT)"), ("tpot", "time per output token (TPOT)"),
                         ("itl", "inter-token latency (SUT)")):
-        parts = [f"{p} {performance[f'{kind}_{p}_ns'] / 1e6:.2f} ms" for p in ("p50", "p90", "p99")
-                 if isinstance(performance.get(f"{kind}_{p}_ns"), (int, float))]
+        stats = tokens.latency(kind)
+        parts = [f"{p} {value / 1e6:.2f} ms" for p in ("p50", "p90", "p99") if (value := stats.stat(p)) is not None]
         if parts:
             lines.append(f"  {label} : {', '.join(parts)}")
-    for key, label in (("tokens_per_second", "output tokens per second"),
-                       ("completed_tokens_per_second", "completed output tokens per second")):
-        if isinstance(performance.get(key), (int, float)):
-            lines.append(f"  {label} : {performance[key]:.2f}")
-    shares = [f"{name.replace('_', ' ')} {100 * performance[f'{name}_share']:.0f}% "
-              f"(p50 {performance[f'{name}_p50_ns'] / 1e6:.1f} ms)"
-              for name in ("queue", "engine_queue", "prefill", "decode")
-              if isinstance(performance.get(f"{name}_share"), (int, float))]
+    for value, label in ((tokens.tokens_per_second, "output tokens per second"),
+                         (tokens.completed_tokens_per_second, "completed output tokens per second")):
+        if value is not None:
+            lines.append(f"  {label} : {value:.2f}")
+    shares = [f"{name.replace('_', ' ')} {100 * stage.share:.0f}% (p50 {stage.p50_ns / 1e6:.1f} ms)"
+              for name, stage in tokens.stages.items()]
     if shares:
         lines.append(f"  time per sample (SUT) : {', '.join(shares)}")
-    lines.extend(token_count_lines(performance))
-    if isinstance(performance.get("goodput_fraction"), (int, float)):
-        lines.append(f"  goodput ({performance.get('goodput_limits', 'the limits')}) : "
-                     f"{100 * performance['goodput_fraction']:.1f}% of samples, "
-                     f"{performance['goodput_samples_per_second']:.2f} samples/s")
+    lines.extend(token_count_lines(tokens))
+    if tokens.goodput_fraction is not None:
+        lines.append(f"  goodput ({tokens.goodput_limits or 'the limits'}) : "
+                     f"{100 * tokens.goodput_fraction:.1f}% of samples, "
+                     f"{tokens.goodput_samples_per_second:.2f} samples/s")
     return lines
 
 
-def token_count_lines(summary: Mapping[str, Any], mode: str = "") -> list[str]:
+def token_count_lines(summary: TokenMetrics | Mapping[str, Any], mode: str = "") -> list[str]:
     """A run against an LLM server: the output tokens as the client's tokenizer and the server's `usage`
     counted them, how often the two differ, and which reached LoadGen (mlharness.sut.network.token_exchange)."""
-    if not isinstance(summary.get("output_tokens_client"), int):
+    tokens = _metrics(summary)
+    if not tokens.counted_tokens:
         return []
-    server, share = summary.get("output_tokens_server"), summary.get("token_count_mismatch_share")
+    server, share = tokens.output_tokens_server, tokens.token_count_mismatch_share
     differ = f", the two differ for {100 * share:.1f}% of samples" if share is not None else ""
-    return [f"  output tokens{f' ({mode})' if mode else ''} : client {summary['output_tokens_client']}, server "
+    return [f"  output tokens{f' ({mode})' if mode else ''} : client {tokens.output_tokens_client}, server "
             f"{server if server is not None else 'not reported'}{differ}; n_tokens from the "
-            f"{summary.get('token_count_source')}"]
+            f"{tokens.token_count_source}"]
 
 
 REPORT_COLUMNS = ("TTFT p50/p90/p99 (ms)", "TPOT p50/p90/p99 (ms)", "ITL p50/p90/p99 (ms)", "output tokens/s",
                   "goodput", "queue/prefill/decode share")
 
 
-def report_row(performance: Mapping[str, Any]) -> tuple[str, ...] | None:
+def report_row(performance: TokenMetrics | Mapping[str, Any]) -> tuple[str, ...] | None:
     """A report's row of a run's token figures (mlharness.compare.report), None for a run without them."""
-    def trio(kind: str) -> str:
-        values = [performance.get(f"{kind}_{p}_ns") for p in ("p50", "p90", "p99")]
-        return " / ".join(f"{v / 1e6:.1f}" for v in values if isinstance(v, (int, float))) or "-"
+    tokens = _metrics(performance)
 
-    if not any(isinstance(performance.get(f"{kind}_p50_ns"), (int, float)) for kind in ("ttft", "itl")) and \
-            not isinstance(performance.get("tokens_per_second"), (int, float)):
+    def trio(kind: str) -> str:
+        stats = tokens.latency(kind)
+        values = [stats.stat(p) for p in ("p50", "p90", "p99")]
+        return " / ".join(f"{v / 1e6:.1f}" for v in values if v is not None) or "-"
+
+    if tokens.ttft.p50 is None and tokens.itl.p50 is None and tokens.tokens_per_second is None:
         return None
-    tokens = performance.get("tokens_per_second", performance.get("completed_tokens_per_second"))
-    goodput = performance.get("goodput_fraction")
-    shares = [performance.get(f"{name}_share") for name in ("queue", "prefill", "decode")]
-    return (trio("ttft"), trio("tpot"), trio("itl"), f"{tokens:.2f}" if isinstance(tokens, (int, float)) else "-",
-            f"{100 * goodput:.1f}% ({performance.get('goodput_limits', '')})" if isinstance(goodput, (int, float)) else "-",
-            " / ".join(f"{100 * v:.0f}%" for v in shares) if all(isinstance(v, (int, float)) for v in shares) else "-")
+    per_second, goodput = tokens.output_tokens_per_second, tokens.goodput_fraction
+    shares = [tokens.stages[name].share if name in tokens.stages else None for name in ("queue", "prefill", "decode")]
+    return (trio("ttft"), trio("tpot"), trio("itl"), f"{per_second:.2f}" if per_second is not None else "-",
+            f"{100 * goodput:.1f}% ({tokens.goodput_limits or ''})" if goodput is not None else "-",
+            " / ".join(f"{100 * v:.0f}%" for v in shares) if all(v is not None for v in shares) else "-")

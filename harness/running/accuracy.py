@@ -21,7 +21,8 @@ def decode_accuracy_log(path: Path, result: TensorSpec, dims: dict[str, int] | N
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: expected LoadGen's accuracy log (a JSON list): {exc}") from None
     dtype = np.dtype(result.element_type)
-    shape = tuple(int((dims or {}).get(d, -1)) if isinstance(d, str) else d for d in result.sample_shape())
+    named = dims or {}  # the model's named dimensions (its `dims` attribute), where it has any
+    shape = tuple(int(named.get(d, -1)) if isinstance(d, str) else d for d in result.sample_shape())
     decoded: dict[int, np.ndarray] = {}
     for entry in entries:
         data = bytes.fromhex(entry["data"])

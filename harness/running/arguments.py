@@ -95,13 +95,14 @@ def add_request_arguments(parser: argparse.ArgumentParser, flags: Iterable[str] 
     """Add the run-request flags (all, or those named in `flags`); `help_text` replaces a flag's help
     where a command means something more specific by it."""
     chosen = list(FLAGS) if flags is None else list(flags)
+    help_text = help_text or {}
     unknown = [flag for flag in chosen if flag not in FLAGS]
     if unknown:
         raise ValueError(f"not run-request flags: {', '.join(unknown)}")
     actions = {"switch": "store_true", "off": "store_false", "repeat": "append"}
     for flag in chosen:
         spec = FLAGS[flag]
-        kwargs = {"help": (help_text or {}).get(flag, spec.help), **spec.options}
+        kwargs = {"help": help_text.get(flag, spec.help), **spec.options}
         if spec.form in actions:
             kwargs["action"] = actions[spec.form]
         if spec.form == "off":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -88,78 +88,81 @@ def new_record(where: results.ScenarioDir, host: Host, model: Any, dataset: Any,
 
 
 class StagedRun:
-    """A run between its start and its end, as its body sees it: the record to fill, the staged folder
-    to write into, the guard to report to, and `adopt` for the runtime it builds."""
+    """A run between its start and its end, as its body sees it: the record so far, the staged folder to
+    write into, the guard to report to, and `adopt` for the runtime it builds. A record is not changed
+    once made: each step the body takes makes the next one (`update`), and the lifecycle publishes the
+    last."""
 
     def __init__(self, record: RunRecord, where: results.ScenarioDir, guard: Guard):
         self.record, self.where, self.guard = record, where, guard
         self.runtime: Runtime | None = None
 
+    def update(self, **changes: Any) -> RunRecord:
+        """The record with these fields replaced becomes the run's record (the old one is left as it was)."""
+        self.record = replace(self.record, **changes)
+        return self.record
+
     def adopt(self, runtime: Runtime) -> Runtime:
         """The body's runtime: its backend, sources and cold start go into the record, and the
         lifecycle closes it however the body ends."""
         self.runtime = runtime
-        self.record.backend_info = runtime.backend.describe()
-        self.record.artifacts = runtime.artifacts
-        self.record.cold_start = dict(runtime.cold_start)
+        self.update(backend_info=runtime.backend.describe(), artifacts=runtime.artifacts,
+                    cold_start=dict(runtime.cold_start))
         return runtime
 
 
 def run_staged(record: RunRecord, where: results.ScenarioDir, guard: Guard, hardware: Any,
                body: Callable[[StagedRun], None]) -> RunRecord:
-    """Run `body` for the staged run; publish it when the body returns, or keep it as failed and raise
-    RunFailed when it raises (anything: a signal's abort arrives as an exception too)."""
+    """Run `body` for the staged run; publish it when the body returns (the published record is returned),
+    or keep it as failed and raise RunFailed when it raises (anything: a signal's abort arrives as an
+    exception too)."""
     guard.started(record, where)
     run = StagedRun(record, where, guard)
     try:
         body(run)
-        record.status = "ok"
+        run.update(status="ok")
     except BaseException as exc:
-        record_usage(record, hardware)
-        fail_run(record, where, exc, guard)
+        fail_run(with_usage(run.record, hardware), where, exc, guard)
     finally:
         if run.runtime is not None:
             run.runtime.backend.close()
-    record_usage(record, hardware)
-    publish(record, where, guard)
-    return record
+    return publish(with_usage(run.record, hardware), where, guard)
 
 
-def publish(record: RunRecord, where: results.ScenarioDir, guard: Guard) -> None:
+def publish(record: RunRecord, where: results.ScenarioDir, guard: Guard) -> RunRecord:
     """The finished run's record written and its staged folder moved into runs/ (unless an abort,
-    already writing the failed run, will end this process first)."""
+    already writing the failed run, will end this process first); returns the record as written."""
     if not guard.finalizing():
         wait_for_abort()
-    record.finished_at = utc_now()
-    record.results_path = str(where.run_dir)
+    record = replace(record, finished_at=utc_now(), results_path=str(where.run_dir))
     write_json(where.stage() / "run.json", record.to_dict())
     (where.staging / "owner.json").unlink(missing_ok=True)
     where.publish()
+    return record
 
 
-def record_usage(record: RunRecord, hardware: Any) -> None:
-    """Peak memory of the run's process (and of the device where one was used), for run.json."""
-    record.cold_start.update(usage(hardware.device))
+def with_usage(record: RunRecord, hardware: Any) -> RunRecord:
+    """The record with the peak memory of the run's process (and of the device where one was used)."""
+    return replace(record, cold_start=record.cold_start | usage(hardware.device))
 
 
 def fail_run(record: RunRecord, where: results.ScenarioDir, exc: BaseException, guard: Guard) -> None:
     """Keep the failed run in failed-<run id>/ with its record (and the traceback of anything that is
-    not a user's mistake) and raise RunFailed; unless an abort is already writing it."""
+    not a user's mistake) and raise RunFailed with that record; unless an abort is already writing it."""
     if not guard.finalizing():
         wait_for_abort()
     failure = guard.aborted or exc
-    record.status = "failed"
-    record.error = str(failure) if isinstance(failure, UserError) else f"{type(failure).__name__}: {failure}"
-    record.finished_at = utc_now()
+    error = str(failure) if isinstance(failure, UserError) else f"{type(failure).__name__}: {failure}"
+    finished_at = utc_now()
     (where.staging / "owner.json").unlink(missing_ok=True)
     failed_dir = where.keep_failed()
-    record.results_path = str(failed_dir)
     cause = _bug_behind(failure)
     traceback_path = None
     if cause is not None:
         traceback_path = failed_dir / "traceback.txt"
         write_text(traceback_path, "".join(traceback.format_exception(cause)))
-        record.error_traceback = str(traceback_path)
+    record = replace(record, status="failed", error=error, finished_at=finished_at, results_path=str(failed_dir),
+                     error_traceback=str(traceback_path) if traceback_path is not None else record.error_traceback)
     write_json(failed_dir / "run.json", record.to_dict())
     message = f"run failed: {record.error} (logs kept in {failed_dir})"
     if traceback_path is not None:

@@ -102,13 +102,14 @@ def _conf_model(model: ModelManifest) -> str:
 def prepare_settings(request: RunRequest, model: ModelManifest, tuned: dict[str, Any] | None = None) -> Settings:
     """The run's settings; `tuned` is a stored tuned configuration (mlharness.running.tuning.lookup)."""
     presets = (["quick"] if request.quick else []) + list(request.presets)
+    tuned = tuned or {}  # the stored configuration's row (ResultStore.get_tuned), or none
     return build_settings(scenario=request.scenario, mode=request.mode, conf_model=_conf_model(model),
                           model_name=model.name, model_hints=model.attributes.get("settings"),
                           presets=presets, user_conf=request.user_conf, overrides=request.overrides,
                           user_conf_text=request.user_conf_text,
-                          tuned=(tuned or {}).get("settings"), scenarios_root=presets_root(request),
-                          tuned_where=f"tuned {(tuned or {}).get('tuning_id')} ({(tuned or {}).get('figure_name')} "
-                                      f"{(tuned or {}).get('figure_value')})")
+                          tuned=tuned.get("settings"), scenarios_root=presets_root(request),
+                          tuned_where=f"tuned {tuned.get('tuning_id')} ({tuned.get('figure_name')} "
+                                      f"{tuned.get('figure_value')})")
 
 
 def harness_options(settings: Settings, model: ModelManifest) -> dict[str, Any]:

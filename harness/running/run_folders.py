@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -74,10 +75,7 @@ def finalize_abandoned(staging: Path, error: str) -> RunRecord | None:
     if record is None:
         write_text(target / "ERROR.txt", error + "\n")
         return None
-    record.status = "failed"
-    record.error = error
-    record.finished_at = utc_now()
-    record.results_path = str(target)
+    record = replace(record, status="failed", error=error, finished_at=utc_now(), results_path=str(target))
     write_json(target / "run.json", record.to_dict())
     return record
 

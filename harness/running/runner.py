@@ -61,20 +61,20 @@ def run_here(request: RunRequest, guard: lifecycle.Guard) -> RunRecord:
         # The first inference and the warm-up, outside LoadGen: its test measures a warm system.
         warmed = guard.watch(float(options["load_timeout"]) + float(options["warmup_seconds"]),
                              "the first inference and warm-up (user code and the backend, before LoadGen)")
-        record.cold_start.update(warm_up(runtime, request.scenario, options))
+        run.update(cold_start=run.record.cold_start | warm_up(runtime, request.scenario, options))
         warmed()
-        expect_measured_latency(settings, record.cold_start, request.scenario)
+        expect_measured_latency(settings, run.record.cold_start, request.scenario)
         say_untuned_once(untuned_note, Path(request.results_dir), model.name, request.scenario, host.name)
-        record.settings = settings.as_record()
+        run.update(settings=settings.as_record())
         user_conf = where.stage() / "user.conf"
         write_text(user_conf, settings.user_conf_text())
         modes = ["accuracy", "performance"] if request.mode == "submission" else [request.mode]
         for mode in modes:
-            _run_mode(mode, runtime, settings, user_conf, where, record, request, reference, guard)
+            _run_mode(mode, runtime, settings, user_conf, run, request, reference, guard)
         write_json(where.stage() / "measurements.json", results.measurements(model, backend_name))
-        write_text(where.stage() / "README.md", results.readme(model, request.scenario, record.command))
+        write_text(where.stage() / "README.md", results.readme(model, request.scenario, run.record.command))
 
-    lifecycle.run_staged(record, where, guard, hardware, body)
+    record = lifecycle.run_staged(record, where, guard, hardware, body)
     results.write_system_json(Path(request.results_dir), host.name, host.detected, hardware, record.software["versions"])
     return record
 
@@ -122,27 +122,29 @@ def warm_up(runtime: Any, scenario: str, options: dict[str, Any]) -> dict[str, A
                                        queries, seconds)
 
 
-def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, where: results.ScenarioDir,
-              record: RunRecord, request: RunRequest, reference: ReferenceLog | None, guard: Any) -> None:
+def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, run: lifecycle.StagedRun,
+              request: RunRequest, reference: ReferenceLog | None, guard: Any) -> None:
+    """One LoadGen test of the run (`mode`); its logs, summary and score become the run's next record."""
+    where = run.where
     dest = where.stage("accuracy") if mode == "accuracy" else where.stage("performance", "run_1")
     mode_settings = replace(settings, mode=mode)
     profile = _profile_session(request, where, mode)
     # LoadGen writes straight into the staged folder, so a run stopped mid-test keeps its logs so far.
     facts: dict[str, Any] = {}
     failure, elapsed = run_loadgen(runtime, mode_settings, user_conf, dest, request, profile, guard, facts,
-                                   cold_start=record.cold_start)
+                                   cold_start=run.record.cold_start)
     kept = results.prune_loadgen_logs(dest, drop_empty_accuracy=mode != "accuracy")
     if profile is not None:
-        record.profile = profile.finish(loadgen_trace=dest / "mlperf_log_trace.json")
+        run.update(profile=profile.finish(loadgen_trace=dest / "mlperf_log_trace.json"))
     summary = parse_summary(dest / "mlperf_log_summary.txt")
     summary["wall_seconds"] = round(elapsed, 3)
     summary.update(facts.pop("token_figures", None) or {})
     problems = detail_problems(dest / "mlperf_log_detail.txt")
-    record.loadgen[mode] = {"logs": kept, **problems, "sut": facts}
+    logged = {"logs": kept, **problems, "sut": facts}
     if mode == "accuracy":
-        record.loadgen[mode]["summary"] = summary
+        run.update(loadgen=run.record.loadgen | {mode: logged | {"summary": summary}})
     else:
-        record.performance = summary
+        run.update(loadgen=run.record.loadgen | {mode: logged}, performance=summary)
     if failure is not None:
         raise failure
     if problems["errors"]:
@@ -151,7 +153,7 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, wher
                         f"{problems['errors'][0][:300]}")
     if mode == "accuracy":
         report = _score(runtime, dest, reference)
-        record.accuracy = report.as_record()
+        run.update(accuracy=report.as_record())
 
 
 def _score(runtime: Any, dest: Path, reference: ReferenceLog | None) -> accuracy_mod.AccuracyReport:

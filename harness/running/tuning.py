@@ -174,8 +174,8 @@ class _Trials:
         except UserError as exc:
             return Trial(dict(settings), None, getattr(getattr(exc, "record", None), "run_id", None), "failed",
                          str(exc).splitlines()[0])  # whole: a cut would lose the end of a long path
-        value = (record.performance or {}).get(self.figure)
-        return Trial(dict(settings), float(value) if value is not None else None, record.run_id,
+        value = record.perf.figure(self.figure) if record.perf else None
+        return Trial(dict(settings), value, record.run_id,
                      "ok" if value is not None else "no figure")
 
 

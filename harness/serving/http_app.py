@@ -100,6 +100,7 @@ class HttpFront:
         samples = samples_of(tensors, self.inputs)
         check_requested_outputs([str(o.get("name")) for o in header.get("outputs") or []], output_meta(self.served))
         rows, timings = await answer_samples(self.batcher, samples)
+        # The client's request JSON (KServe v2): its optional `parameters` objects are free-form.
         binary = bool((header.get("parameters") or {}).get("binary_data_output")) or any(
             (o.get("parameters") or {}).get("binary_data") for o in header.get("outputs") or [])
         out = output_meta(self.served)
@@ -125,6 +126,7 @@ class HttpFront:
             tensors, offset, view = {}, size, memoryview(body)
             for item in header["inputs"]:
                 name, datatype, shape = item["name"], item["datatype"], list(item["shape"])
+                # An input's optional, free-form `parameters` (KServe v2's binary tensor extension).
                 binary_size = (item.get("parameters") or {}).get("binary_data_size")
                 if binary_size is not None:
                     tensors[name] = from_bytes(view[offset:offset + int(binary_size)], datatype, shape)

@@ -122,8 +122,8 @@ class ResultStore:
         row = {
             "run_id": run.run_id, "started_at": run.started_at, "finished_at": run.finished_at,
             "status": run.status or "unknown", "error": run.error, "model": run.model_name,
-            "model_version": (run.model or {}).get("version"), "model_sha256": (run.model or {}).get("sha256"),
-            "dataset": (run.dataset or {}).get("name"), "dataset_sha256": (run.dataset or {}).get("sha256"),
+            "model_version": run.model_ref.version, "model_sha256": run.model_ref.sha256,
+            "dataset": run.dataset_ref.name, "dataset_sha256": run.dataset_ref.sha256,
             "backend": run.backend, "scenario": run.scenario, "mode": run.mode,
             "system_name": run.system_name, "results_path": run.results_path,
             "metric_name": metric_name, "metric_value": metric_value,
@@ -144,8 +144,9 @@ class ResultStore:
 
     def _add_brick_measurements(self, run: RunRecord) -> None:
         """The bricks a layer-benchmark run measured (not those it reused), keyed for reuse."""
-        rows = (run.bricks or {}).get("measured") or []
-        fingerprint = ((run.bricks or {}).get("summary") or {}).get("fingerprint")
+        bricks = run.bricks_result
+        rows = bricks.measured if bricks else ()
+        fingerprint = bricks.summary.fingerprint if bricks and bricks.summary else None
         if not rows or not fingerprint or run.status != "ok":
             return
         self.conn.executemany(

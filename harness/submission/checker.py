@@ -245,6 +245,7 @@ def check_scenario(tree: SubmitterTree, where: Path, benchmark: Benchmark,
             problems += check_compliance(where / test, test, where.name, benchmark)
     entry = provenance.get(str(where.relative_to(tree.base)))
     for kind in ("performance", "accuracy"):
+        # provenance.json as found in the submission tree (edited or not): free-form JSON, read defensively.
         info = (entry or {}).get(kind) or {}
         if info.get("overridden_protected"):
             problems.append(Problem(where, f"{kind} run {info.get('run_id')} overrode protected settings "

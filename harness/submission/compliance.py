@@ -260,7 +260,7 @@ def record_outcomes(run_dir: Path, outcomes: dict[str, Any],
         audited = current
     else:
         audited = RunRecord.from_json_dict(dict(record), "the audited run's record")
-    audited.compliance = (audited.compliance or {}) | outcomes
+    audited = dataclasses.replace(audited, compliance=(audited.compliance or {}) | outcomes)
     if current and current.run_id == audited.run_id:
         write_json(run_json, audited.to_dict())
     rebuild_view(_scenario_root(run_dir))

@@ -78,7 +78,7 @@ def overridden(record: RunRecord | None) -> list[str]:
 
 def _benchmark_of(record: RunRecord | None) -> str | None:
     """The model manifest's mlperf_benchmark, mapped to the official name."""
-    path = (record.model or {}).get("path") if record else None
+    path = record.model_ref.path if record else None
     if not path or not Path(path).is_file():
         return None
     from mlharness.specs.manifests import load_manifest
@@ -183,7 +183,7 @@ def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOpti
         detected=records[0].system_description if records else {},
         software=records[0].software_versions if records else {},
         backends=[r.backend for r in records],
-        hardware_refs=[f"{(r.hardware or {}).get('name')}@{(r.hardware or {}).get('version')}" for r in records],
+        hardware_refs=[r.hardware_ref.label for r in records],
         fields=options.system_fields)
     write_json(tree.system_json(system), desc)
     if options.division == "open" and mapping:
@@ -297,15 +297,15 @@ def _copy_sources(tree: SubmitterTree, records: list[RunRecord]) -> None:
     manifests: dict[str, dict[str, Any]] = {}
     for record in records:
         for kind, ref in record.manifest_refs():
-            if not ref.get("path") or not Path(ref["path"]).is_file():
+            if not ref.path or not Path(ref.path).is_file():
                 continue
-            path = Path(ref["path"])
+            path = Path(ref.path)
             target = tree.src / "specs" / kind / path.name
             _copy(path, target)
             now = hashlib.sha256(path.read_bytes()).hexdigest()
             manifests[str(target.relative_to(tree.src))] = {
-                "name": ref.get("name"), "version": ref.get("version"), "sha256_at_run": ref.get("sha256"),
-                "sha256_now": now, "changed_since_run": bool(ref.get("sha256")) and now != ref.get("sha256")}
+                "name": ref.name, "version": ref.version, "sha256_at_run": ref.sha256,
+                "sha256_now": now, "changed_since_run": bool(ref.sha256) and now != ref.sha256}
     write_json(tree.src / "manifests.json", manifests)
 
 

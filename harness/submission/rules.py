@@ -135,7 +135,7 @@ COMPLIANCE = {
 
 def benchmark_for(folder: str, model_mapping: dict[str, str] | None = None) -> Benchmark | None:
     """The benchmark a results folder name stands for: official name, built-in alias, or mapping."""
-    name = (model_mapping or {}).get(folder, folder)
+    name = model_mapping.get(folder, folder) if model_mapping else folder
     name = ALIASES.get(name, name)
     return BENCHMARKS.get(name)
 

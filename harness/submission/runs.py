@@ -91,7 +91,7 @@ def _latest(records: list[RunRecord], modes: tuple[str, ...]) -> RunRecord | Non
 def _check_logs_are_from(record: RunRecord, scenario_dir: Path) -> None:
     """The performance logs in the tree must be the ones this record describes."""
     summary = scenario_dir / "performance" / "run_1" / "mlperf_log_summary.txt"
-    recorded = (record.performance or {}).get("raw")
+    recorded = dict(record.perf.raw) if record.perf else None
     if recorded and summary.is_file() and parse_summary(summary)["raw"] != recorded:
         raise UserError(f"{summary}: run {record.run_id}'s performance logs were overwritten by a later run; "
                         f"package the latest run or rerun it")
