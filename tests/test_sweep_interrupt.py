@@ -4,7 +4,6 @@ recorded, no further cell starts, and the same command resumes with the cells no
 driver is a process of its own, as a user's is; the null model's cells are real runs."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.store.result_store import ResultStore
+from mlharness.sweeps.sweep_grid import load_grid
 from tests.support import REPO, run_cli
 
 # Two short Offline cells, then two SingleStream cells of a minute each: the signal lands in the third.
@@ -30,11 +30,13 @@ GRID = """\
     """
 
 
-def statuses(db: Path) -> list[tuple[str, str]]:
+def statuses(db: Path, grid: Path) -> list[str | None]:
+    """Each cell's recorded status in the grid's order (rows are ordered by a start time in whole seconds)."""
     if not db.exists():
         return []
     with ResultStore(db) as store:
-        return [(json.loads(row["params_json"])["scenario"], row["status"]) for row in store.sweep_cells("stopped")]
+        recorded = {row["cell_key"]: row["status"] for row in store.sweep_cells("stopped")}
+    return [recorded.get(cell.key) for cell in load_grid(grid).cells]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -53,7 +55,7 @@ def test_a_signal_stops_the_sweep_with_what_ran_recorded_and_it_resumes(tmp_path
     try:
         deadline = time.monotonic() + 120  # only so that a hung driver fails the test instead of hanging it
         # The third cell's run has started (its staging folder exists) after the first two were recorded.
-        while len(statuses(db)) < 2 or not list(results.rglob("SingleStream/.staging-*")):
+        while statuses(db, grid)[:2] != ["ok", "ok"] or not list(results.rglob("SingleStream/.staging-*")):
             assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
             time.sleep(0.1)
         driver.send_signal(stop)
@@ -65,9 +67,11 @@ def test_a_signal_stops_the_sweep_with_what_ran_recorded_and_it_resumes(tmp_path
     assert driver.returncode == 128 + stop, err
     assert err.rstrip().endswith(
         "mlharness: error: sweep stopped interrupted; 3 cell run(s) recorded, resume with the same command"), err
-    assert statuses(db) == [("Offline", "ok"), ("Offline", "ok"), ("SingleStream", "failed")]  # the fourth never began
+    assert statuses(db, grid) == ["ok", "ok", "failed", None]  # the fourth never began
+    third = load_grid(grid).cells[2]
+    assert third.scenario == "SingleStream"
     with ResultStore(db) as store:
-        stopped = store.sweep_cells("stopped")[2]
+        (stopped,) = [row for row in store.sweep_cells("stopped") if row["cell_key"] == third.key]
         (run,) = [r for r in store.list_runs() if r["run_id"] == stopped["run_id"]]
     assert f"interrupted by {stop.name}" in stopped["error"] and run["status"] == "failed"
 

@@ -9,7 +9,7 @@ affinity) while the task still asks for the resources: so the driver knows which
 - A node lost mid-cell (its worker killed, its raylet gone, the connection lost): the cell is recorded
   failed with the cause at once, then run again, once, on another matching node (the same node only
   when no other matches); the retry's row replaces the failed one and keeps the first cause in `error`.
-- Ctrl-C: the cells in flight are cancelled (their runs stopped on their nodes, nothing of them
+- Ctrl-C or SIGTERM: the cells in flight are cancelled (their runs stopped on their nodes, nothing of them
   recorded); what finished is recorded; the same command resumes with the cells not done.
 - Only this process writes the results tree and the database (mlharness.cluster.ray_launcher.finish).
   The cells run in the local sweep's own loop (mlharness.sweeps.cell_loop.run_cells), which records
@@ -189,7 +189,7 @@ class NodeSlots:
         return events
 
     def stop(self) -> tuple[list[CellEvent], int | None]:
-        """Ctrl-C: collect what already ended, cancel what is in flight (its run stopped on its node)."""
+        """Ctrl-C or SIGTERM: collect what already ended, cancel what is in flight (its run stopped on its node)."""
         in_flight = list(self.running)
         done, _ = self.ray.wait(in_flight, num_returns=len(in_flight), timeout=0) if in_flight else ([], [])
         events = []

@@ -1,7 +1,8 @@
 """The one loop that runs a sweep's cells, whatever runs them: what happens to a cell is written here
 once. Each cell's result is recorded in the sweep's table as it comes (a failed one with the tail of
 its output); a cell given back to run again (its node was lost) is recorded failed until it does;
-Ctrl-C stops the sweep with what ran recorded, and the same command resumes with the cells not done.
+Ctrl-C or SIGTERM stops the sweep with what ran recorded, and the same command resumes with the cells
+not done.
 
 Where and how many cells run at once is the slots' business (`CellSlots`): `LocalSlots` runs one cell
 at a time through a Launcher on this machine (mlharness.running.launcher.LocalLauncher: a fresh
@@ -9,7 +10,9 @@ process per cell), mlharness.cluster.scheduler.NodeSlots one per free slot of th
 The slots also own the progress display (what runs where)."""
 from __future__ import annotations
 
+import signal
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -114,17 +117,39 @@ def run_cells(jobs: list[CellJob], slots: CellSlots, sweep_id: str, db_path: Pat
     """Run every job on the slots, recording each as it ends; returns the cell runs recorded (a cell
     given back to run again counts once, when it ends). Raises RunInterrupted when stopped."""
     loop = _Loop(slots, sweep_id, db_path, deque(jobs))
-    with slots.progress:
-        try:
-            while loop.waiting or slots.busy():
-                loop.handle(slots.place(loop.waiting))
-                if loop.waiting or slots.busy():  # else every job ended at placing (no slot can take it)
-                    loop.handle(slots.next_done())
-        except KeyboardInterrupt:
-            events, cancelled = slots.stop()
-            loop.handle(events, stopping=True)
-            loop.stop(130, cancelled)
+    terminated, restore = _stop_on_sigterm()
+    try:
+        with slots.progress:
+            try:
+                while loop.waiting or slots.busy():
+                    loop.handle(slots.place(loop.waiting))
+                    if loop.waiting or slots.busy():  # else every job ended at placing (no slot can take it)
+                        loop.handle(slots.next_done())
+            except KeyboardInterrupt:
+                events, cancelled = slots.stop()
+                loop.handle(events, stopping=True)
+                loop.stop(128 + (signal.SIGTERM if terminated else signal.SIGINT), cancelled)
+    finally:
+        restore()
     return loop.outcomes
+
+
+def _stop_on_sigterm() -> tuple[list[int], Callable[[], None]]:
+    """SIGTERM stops the sweep as Ctrl-C does (without it, Python's default, or Ray's sys.exit on a
+    cluster's driver, ends the process with nothing cancelled or said). It raises KeyboardInterrupt, the
+    one exception a Ray wait passes on (any other comes out as a SystemError), and notes the signal in the
+    list returned with the undo.
+    Outside the main thread signals cannot be caught, and the caller's handler stays."""
+    terminated: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return terminated, lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return terminated, lambda: signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
