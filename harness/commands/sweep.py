@@ -43,7 +43,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     with ResultStore(options.db_path) as store:
         rows = sweep_rows(store, result.sweep_id)
-    failed = sum(1 for row in rows if row["row"]["status"] != "ok")
+    failed = sum(1 for row in rows if row.status != "ok")
     print(f"sweep {result.sweep_id}: {len(result.outcomes)} ran now, {result.skipped} skipped as finished, "
           f"{failed} failed cell run(s) in total; database {options.db_path}")
     print("best configuration per scenario and model:")

@@ -53,7 +53,7 @@ def _query(store: ResultStore, text: str, ref: str) -> list[RunRecord]:
 def _sweep(store: ResultStore, sweep_id: str) -> list[RunRecord]:
     from mlharness.sweeps.sweep import sweep_rows
 
-    records = [row["record"] for row in sweep_rows(store, sweep_id) if row["record"] is not None]
+    records = [row.record for row in sweep_rows(store, sweep_id) if row.record is not None]
     if not records:
         raise UserError(f"sweep:{sweep_id}: the sweep has no recorded runs")
     return records

@@ -177,12 +177,11 @@ def sweep_report(store: Any, sweep_id: str, out_dir: Path) -> Path:
     from mlharness.sweeps.sweep import best_configurations, sweep_rows
 
     rows = sweep_rows(store, sweep_id)
-    records = [row["record"] for row in rows if row["record"] is not None]
+    records = [row.record for row in rows if row.record is not None]
     best = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
              e["cell"].setting("intra_op_threads"), e["metric"].partition(".")[2], e["median"], len(e["values"]))
             for e in best_configurations(rows)]
-    failed = [(row["cell"].label(), row["row"]["repeat_index"], row["row"]["error"]) for row in rows
-              if row["row"]["status"] != "ok"]
+    failed = [(row.cell.label(), row.repeat_index, row.error) for row in rows if row.status != "ok"]
     sections = [("Best configuration per scenario and model",
                  _table(("scenario", "model", "backend", "batch", "threads", "metric", "median", "runs"), best))]
     if failed:

@@ -164,24 +164,23 @@ def _sweep_page(root: Path, store: Any, sweep: Any, site: Site) -> None:
     folder = f"sweeps/{name}"
     rows = sweep_rows(store, sweep_id)
     pages = {run.record.run_id: run.page for run in site.runs}
-    records = [row["record"] for row in rows if row["record"] is not None]
+    records = [row.record for row in rows if row.record is not None]
     heat = sweep_heatmaps(rows, sweep_id)
     others = throughput_plots(records) + latency_plots(records)
     write_plots(root, folder, heat + others)
     cells = []
     for row in rows:
-        cell, cell_row, record = row["cell"], row["row"], row["record"]
-        value = record_metrics.headline(record)[1] if record else None
-        run_id = cell_row["run_id"]
+        value = record_metrics.headline(row.record)[1] if row.record else None
+        run_id = row.run_id
         link = f"<a href='../{esc(pages[run_id])}'>{esc(run_id)}</a>" if run_id in pages else esc(run_id)
-        cells.append((esc(cell.label()), cell_row["repeat_index"], status_badge(cell_row["status"]), cell_row["seconds"],
-                      value, link, esc((cell_row["error"] or "")[:200] or "-")))
+        cells.append((esc(row.cell.label()), row.repeat_index, status_badge(row.status), row.seconds,
+                      value, link, esc((row.error or "")[:200] or "-")))
     best = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
              e["cell"].setting("intra_op_threads"), shown_name(e["metric"]), e["median"] * figure_unit(e["metric"])[1],
              len(e["values"])) for e in best_configurations(rows)]
-    ok_ids = [row["row"]["run_id"] for row in rows if row["row"]["status"] == "ok" and row["row"]["run_id"] in pages]
+    ok_ids = [row.run_id for row in rows if row.status == "ok" and row.run_id in pages]
     parts = [definitions([("grid", f"<code>{esc(sweep['grid_path'])}</code>"), ("cells run", esc(len(rows))),
-                           ("ok", esc(sum(1 for r in rows if r["row"]["status"] == "ok"))),
+                           ("ok", esc(sum(1 for r in rows if r.status == "ok"))),
                            ("updated", esc(sweep["updated_at"]))])]
     if len(ok_ids) >= 2:
         parts.append(f"<p><a href='../compare.html#{esc(','.join(ok_ids))}'>compare the sweep's ok runs</a></p>")

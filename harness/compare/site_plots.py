@@ -11,6 +11,7 @@ from mlharness.compare.report_plots import Plot, _png, _pyplot
 from mlharness.compare.site_html import slug
 from mlharness.records import record_metrics
 from mlharness.records.run_record import RunRecord
+from mlharness.sweeps.sweep import SweepRow
 
 
 def figure_unit(name: str) -> tuple[str, float]:
@@ -80,19 +81,19 @@ def _ticker():  # noqa: ANN202 - matplotlib.ticker, loaded with pyplot
 HeatCells = dict[tuple[str, str], dict[str, Any]]  # (batch, threads) -> {"values", "failed", "metric"}
 
 
-def _heat_groups(rows: list[dict[str, Any]]) -> dict[tuple, HeatCells]:
+def _heat_groups(rows: list[SweepRow]) -> dict[tuple, HeatCells]:
     """A sweep's rows by (scenario, model, backend, other settings), then by (max_batch_size,
     intra_op_threads) cell: each cell's headline values over its ok runs and how many runs failed."""
     groups: dict[tuple, HeatCells] = {}
     for row in rows:
-        cell, record = row["cell"], row["record"]
+        cell, record = row.cell, row.record
         other = " ".join([f"{k}={v}" for k, v in cell.manifests().items()]
                          + [o for o in cell.overrides if not o.startswith(("max_batch_size=", "intra_op_threads="))])
         backend = (record.backend if record else None) or cell.backend or "default"
         key = (cell.scenario, cell.model, backend, other)
         at = (cell.setting("max_batch_size") or "default", cell.setting("intra_op_threads") or "default")
         entry = groups.setdefault(key, {}).setdefault(at, {"values": [], "failed": 0})
-        name, value = record_metrics.headline(record) if record and row["row"]["status"] == "ok" else ("", None)
+        name, value = record_metrics.headline(record) if record and row.status == "ok" else ("", None)
         if value is None:
             entry["failed"] += 1
         else:
@@ -162,7 +163,7 @@ def _heatmap(index: int, group: tuple, cells: HeatCells, metric: str, sweep_id: 
                 f"Median {key} ({unit}) over each cell's ok runs of sweep {sweep_id}; {better}.", _png(fig))
 
 
-def sweep_heatmaps(rows: list[dict[str, Any]], sweep_id: str) -> list[Plot]:
+def sweep_heatmaps(rows: list[SweepRow], sweep_id: str) -> list[Plot]:
     """Per scenario, model, backend and other settings: the median headline figure of each cell on a
     max_batch_size x intra_op_threads grid (failed cells marked). A group of one cell, or with no
     headline figure at all, has none; its index is still counted, so file names stay put."""

@@ -14,7 +14,7 @@ from typing import Any, Callable, TextIO
 
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
-from mlharness.records.run_record import utc_now
+from mlharness.records.run_record import RunRecord, utc_now
 from mlharness.running.launcher import LocalLauncher
 from mlharness.running.outcome import Launcher
 from mlharness.running.progress import Steps
@@ -123,8 +123,20 @@ def local_slots(jobs: list[CellJob], options: SweepOptions, grid: Grid, stream: 
 # ---- reading a sweep back --------------------------------------------------------------------
 
 
-def sweep_rows(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
-    """Every recorded cell run of a sweep with its record (None when the cell failed before a run existed)."""
+@dataclass(frozen=True)
+class SweepRow:
+    """One recorded cell run of a sweep (its sweep_cells row) with its run's record."""
+    cell: Cell
+    repeat_index: int
+    status: str
+    run_id: str | None
+    error: str | None
+    seconds: float | None
+    record: RunRecord | None  # None when the cell failed before a run existed
+
+
+def sweep_rows(store: ResultStore, sweep_id: str) -> list[SweepRow]:
+    """Every recorded cell run of the sweep's current plan, with its record."""
     plan = json.loads(store.get_sweep(sweep_id)["grid_json"] or "{}")
     planned, repeat = set(plan.get("cells") or []), int(plan.get("repeat") or 0)
     rows = []
@@ -137,22 +149,22 @@ def sweep_rows(store: ResultStore, sweep_id: str) -> list[dict[str, Any]]:
                 record = store.get_record(cell_row["run_id"])
             except UserError:
                 record = None
-        rows.append({"cell": Cell.from_params(json.loads(cell_row["params_json"])), "row": cell_row,
-                     "record": record})
+        rows.append(SweepRow(Cell.from_params(json.loads(cell_row["params_json"])), cell_row["repeat_index"],
+                             cell_row["status"], cell_row["run_id"], cell_row["error"], cell_row["seconds"], record))
     return rows
 
 
-def best_configurations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def best_configurations(rows: list[SweepRow]) -> list[dict[str, Any]]:
     """Per scenario and model: the cell with the best median headline figure over its ok repeats."""
     by_cell: dict[str, dict[str, Any]] = {}
     for row in rows:
-        record = row["record"]
-        if row["row"]["status"] != "ok" or record is None:
+        record = row.record
+        if row.status != "ok" or record is None:
             continue
         name, value = record_metrics.headline(record)
         if value is None:
             continue
-        entry = by_cell.setdefault(row["cell"].key, {"cell": row["cell"], "metric": name, "values": [],
+        entry = by_cell.setdefault(row.cell.key, {"cell": row.cell, "metric": name, "values": [],
                                                      "backend": record.backend})
         entry["values"].append(value)
     best: dict[tuple[str, str], dict[str, Any]] = {}
@@ -166,7 +178,7 @@ def best_configurations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [best[k] for k in sorted(best)]
 
 
-def best_table(rows: list[dict[str, Any]]) -> str:
+def best_table(rows: list[SweepRow]) -> str:
     table = [(e["cell"].scenario, e["cell"].model, e["backend"], e["cell"].setting("max_batch_size"),
               e["cell"].setting("intra_op_threads"),
               " ".join([f"{k}={v}" for k, v in e["cell"].manifests().items()]
@@ -182,11 +194,10 @@ def sweep_summary(store: ResultStore, sweep_id: str) -> str:
     rows = sweep_rows(store, sweep_id)
     table = []
     for row in rows:
-        cell, cell_row, record = row["cell"], row["row"], row["record"]
-        value = record_metrics.headline(record)[1] if record else None
-        error = (cell_row["error"] or "")[:80] or None
-        table.append((cell.key[:8], cell_row["repeat_index"], cell.label(), cell_row["status"], cell_row["seconds"],
-                      value, cell_row["run_id"], error))
+        value = record_metrics.headline(row.record)[1] if row.record else None
+        error = (row.error or "")[:80] or None
+        table.append((row.cell.key[:8], row.repeat_index, row.cell.label(), row.status, row.seconds, value,
+                      row.run_id, error))
     return "\n".join([f"sweep {sweep_id}: {len(rows)} cell run(s)",
                       format_table(("cell", "rep", "configuration", "status", "seconds", "headline", "run id",
                                     "error"), table),
