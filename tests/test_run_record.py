@@ -314,3 +314,14 @@ def test_the_lifecycle_makes_a_new_record_at_each_step_and_leaves_the_old_ones(t
     assert first.to_dict() == snapshot
     assert (failed.status, failed.error, failed.perf.result) == ("failed", "RuntimeError: the backend broke", "INVALID")
     assert failed.error_traceback and RunRecord.load(Path(failed.results_path) / "run.json") == failed
+
+
+def test_a_record_is_frozen_and_a_change_makes_a_new_one(runs: tuple[Path, dict, dict]) -> None:
+    """Once made, a record is not changed in place (issue 34): a writer makes a new one with replace."""
+    import dataclasses
+
+    record = RunRecord.from_dict(runs[1])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.status = "failed"  # type: ignore[misc]
+    changed = dataclasses.replace(record, status="failed")
+    assert (record.status, changed.status) == ("ok", "failed")

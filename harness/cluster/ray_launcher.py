@@ -145,7 +145,7 @@ def finish(request: RunRequest, payload: dict[str, Any], node: dict[str, Any] | 
             written = RunRecord.from_dict(_moved(RunRecord.load(incoming / "run.json").to_dict(), node_root,
                                                  str(results_dir)))
             if node is not None:
-                written.system = dict(written.system or {}) | {"cluster_node": node}
+                written = replace(written, system=dict(written.system or {}) | {"cluster_node": node})
             write_json(incoming / "run.json", written.to_dict())
         folder.parent.mkdir(parents=True, exist_ok=True)
         os.replace(incoming, folder)

@@ -63,7 +63,7 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-@dataclass
+@dataclass(frozen=True)  # frozen once made: a writer makes a new record (dataclasses.replace)
 class RunRecord:
     run_id: str
     command: str
