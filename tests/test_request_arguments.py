@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlharness.cli import build_parser
 from mlharness.commands.run import request_of
+from mlharness.records.run_record import RunRecord
 from mlharness.running.arguments import FIELDS_WITHOUT_FLAGS, REQUEST_FLAGS, command_line, run_arguments
 from mlharness.running.request import RunRequest
 
@@ -61,12 +62,10 @@ def test_a_tune_trial_records_the_run_that_repeats_it(tmp_path: Path) -> None:
                       command="mlharness tune null --scenario Offline")
     seen: list[RunRequest] = []
 
-    class _Record:
-        run_id, performance = "r", {"samples_per_second": 10.0}
-
-    def run_trial(request: RunRequest) -> _Record:
+    def run_trial(request: RunRequest) -> RunRecord:
         seen.append(request)
-        return _Record()
+        return RunRecord(run_id="r", command=request.command, model={}, dataset={}, backend="null",
+                         scenario="Offline", mode="performance", performance={"samples_per_second": 10.0})
 
     tuning.run_search(base, {"intra_op_threads": 0}, "null", 1, run_trial, say=lambda _: None)
     first = seen[0]
