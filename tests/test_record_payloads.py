@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mlharness.atomic_io import write_json
-from mlharness.records import payloads, record_metrics, token_metrics
+from mlharness.records import bricks_payload, payloads, record_metrics, token_metrics
 from mlharness.records.run_record import BRICKS, RunRecord
 from mlharness.store.result_store import ResultStore
 
@@ -134,7 +134,7 @@ def test_accuracy_cold_start_bricks_and_logs_are_typed() -> None:
     summary = record.bricks_summary
     assert (summary.estimate_ms, summary.unique_bricks, summary.fingerprint) == (1.25, 12, "fp-1")
     assert summary.extra == {"estimate_only": False, "optimization_level": "all"}
-    assert record.bricks_result.by_op_type == (payloads.OpTypeRow("Conv", 20, 1.0, 0.7),)
+    assert record.bricks_result.by_op_type == (bricks_payload.OpTypeRow("Conv", 20, 1.0, 0.7),)
     assert [dict(row) for row in record.bricks_result.measured] == BRICKS_PART["measured"]
 
     logs = record.loadgen_logs
@@ -177,7 +177,7 @@ def test_an_older_record_reads_as_none_and_a_wrong_type_as_none() -> None:
     assert wrong.perf.stored["p50_latency_ns"] == "fast" and wrong.perf.figures() == {}
     assert dict(wrong.accuracy_result.values) == {"top5": 1.0} and wrong.accuracy_result.checks == ()
     assert wrong.bricks_summary is None and wrong.bricks_result.by_op_type == ()
-    for view in (payloads.Performance, payloads.AccuracyResult, payloads.ColdStart, payloads.BricksResult,
+    for view in (payloads.Performance, payloads.AccuracyResult, payloads.ColdStart, bricks_payload.BricksResult,
                  payloads.LoadGenLog, payloads.ManifestRef):
         assert view.from_dict(None) == view() and view.from_dict("text").extra == {}
     assert token_metrics.TokenMetrics.from_dict(None) == token_metrics.TokenMetrics()

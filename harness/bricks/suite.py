@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from mlharness.records.payloads import BricksSummary
+from mlharness.records.bricks_payload import BricksSummary
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.tables import format_table

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from mlharness.records.payloads import BricksSummary
+from mlharness.records.bricks_payload import BricksSummary
 from mlharness.records.run_record import BRICKS, RunRecord
 
 @dataclass

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from mlharness.records.payloads import AccuracyResult, BricksResult, ColdStart, Performance
+from mlharness.records.bricks_payload import BricksResult
+from mlharness.records.payloads import AccuracyResult, ColdStart, Performance
 
 # Which way is better, by the figure's key (the part after the dot); checked in order.
 _HIGHER_IS_BETTER = ("per_second", "accuracy.", "qps")

@@ -7,14 +7,14 @@ import secrets
 import types
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
 
 from mlharness.errors import UserError
 from mlharness.records import record_metrics
+from mlharness.records.bricks_payload import BricksResult, BricksSummary
+from mlharness.records.migrations import MIGRATIONS, RUN_SCHEMA_VERSION
 from mlharness.records.payloads import (
     AccuracyResult,
-    BricksResult,
-    BricksSummary,
     ColdStart,
     LoadGenLog,
     ManifestRef,
@@ -26,25 +26,6 @@ from mlharness.records.payloads import (
 # LoadGen's fields checks `is_loadgen` and skips, with a reason, a record of another kind.
 LOADGEN = "loadgen"
 BRICKS = "bricks"  # a layer-level benchmark (mlharness.bricks): `bricks` holds its figures
-
-
-def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """Version 2 added `kind`; every version-1 record was a LoadGen test."""
-    data.setdefault("kind", LOADGEN)
-    return data
-
-
-def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """Version 3 added `bricks` (a layer benchmark's figures); no earlier record has them."""
-    data.setdefault("bricks", None)
-    return data
-
-
-# MIGRATIONS[n] takes a version n + 1 record (a run.json dict) to version n + 2, as the results
-# database migrates (mlharness.store.result_store). Older records are migrated forward when read, newer
-# ones are refused rather than guessed at.
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v1_to_v2, _v2_to_v3]
-RUN_SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 
 def _key(part: Any, key: str) -> Any:
