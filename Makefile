@@ -53,9 +53,10 @@ setup-test: $(LLM_STAMP)
 run: setup
 	$(VENV)/bin/mlharness run resnet50-light --scenario Offline --quick
 
-# The suite in parallel (pytest-xdist): one worker per CPU, at most 4 (each worker loads its own frameworks),
-# a test module's tests on one worker (they share module fixtures: models, servers, a Ray cluster).
-TEST_WORKERS ?= auto
+# The suite in parallel (pytest-xdist): one worker more than the CPUs, at most 4 (each worker loads its own
+# frameworks; many tests wait on run processes and servers, and the extra worker fills that time), a test
+# module's tests on one worker (they share module fixtures: models, servers, a Ray cluster).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 PARALLEL := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 test: setup-test
 	$(PY) -m pytest -q $(PARALLEL) tests

@@ -7,11 +7,30 @@ from typing import Iterator
 
 import pytest
 
-from tests.support import copy_specs
+# The suite runs more workers than cores (Makefile: TEST_WORKERS): OpenMP threads that spin while they
+# wait (libgomp's default) would burn the core another worker's test needs; set before torch loads, and
+# inherited by every run process a test starts. It changes no behaviour a test checks, only the waiting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tests.support import copy_specs  # noqa: E402
 
 # Set from outside, these would point a test at the developer's database, manifests or presets, or
 # append to a CI job's summary.
 _OUTSIDE = ("GITHUB_STEP_SUMMARY",)
+
+
+# The modules that hold a worker longest (minutes each, by pytest --durations on a 2-core machine) start
+# first: under pytest-xdist's loadfile distribution a long module started last is one worker's tail while
+# the others sit idle. Order only; every test still runs.
+_LONGEST_FIRST = ("test_tuning", "test_cluster", "test_openai_faults", "test_llm_batching", "test_real_models",
+                  "test_network_peers", "test_openai_serve", "test_scenarios", "test_openai_endpoint",
+                  "test_network_faults", "test_profiling", "test_llm_llamacpp", "test_bad_input_round3",
+                  "test_faults", "test_user_errors", "test_native_handoff", "test_zoo")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))  # stable: files stay whole
 
 
 def _ours() -> dict[str, str]:
