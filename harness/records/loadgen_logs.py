@@ -13,6 +13,16 @@ SCENARIO_METRIC = {
     "SingleStream": ("p90_latency_ns", "90.0th percentile latency (ns)"),
     "MultiStream": ("p99_latency_ns", "99.0th percentile latency (ns)"),
 }
+# The latency percentiles LoadGen's summary reports: (key, percentile).
+LATENCY_PERCENTILES = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95),
+                       ("p97_latency_ns", 97), ("p99_latency_ns", 99), ("p99_9_latency_ns", 99.9))
+# Every figure parse_summary takes from LoadGen's summary by its slugged label, in run.json's order.
+SUMMARY_FIGURES = ("samples_per_second", "completed_samples_per_second", "scheduled_samples_per_second",
+                   "min_latency_ns", "max_latency_ns", "mean_latency_ns", *(key for key, _ in LATENCY_PERCENTILES),
+                   "target_qps", "min_duration_ms", "samples_per_query", "min_query_count",
+                   "performance_sample_count", "early_stopping_90th_percentile_estimate",
+                   "early_stopping_99th_percentile_estimate")
+
 _LINE = re.compile(r"^\s*([^:]+?)\s*:\s*(.+?)\s*$")
 
 
@@ -46,11 +56,7 @@ def parse_summary(path: Path) -> dict[str, Any]:
     parsed = {_slug(k): v for k, v in raw.items()}
     result = {"raw": raw, "valid": raw.get("Result is") == "VALID",
               "result": raw.get("Result is"), "scenario": raw.get("Scenario"), "mode": raw.get("Mode")}
-    for key in ("samples_per_second", "completed_samples_per_second", "scheduled_samples_per_second",
-                "min_latency_ns", "max_latency_ns", "mean_latency_ns", "p50_latency_ns", "p90_latency_ns",
-                "p95_latency_ns", "p97_latency_ns", "p99_latency_ns", "p99_9_latency_ns", "target_qps",
-                "min_duration_ms", "samples_per_query", "min_query_count", "performance_sample_count",
-                "early_stopping_90th_percentile_estimate", "early_stopping_99th_percentile_estimate"):
+    for key in SUMMARY_FIGURES:
         if key in parsed:
             result[key] = parsed[key]
     # LoadGen's token mode (use_token_latencies): TTFT, TPOT and tokens/s (mlharness.records.token_metrics).

@@ -22,6 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
+from mlharness.records.loadgen_logs import LATENCY_PERCENTILES, SUMMARY_FIGURES
 from mlharness.records.payload_fields import (PayloadView, empty_mapping, finite_figures, int_or_none, number_or_none,
                                               read_only, text_or_none, texts_or_empty)
 from mlharness.records.token_metrics import TokenMetrics, is_token_key
@@ -51,16 +52,6 @@ class ManifestRef(PayloadView):
 
 
 # ---- performance --------------------------------------------------------------------------------
-
-# The latency percentiles LoadGen's summary reports: (key, percentile).
-LATENCY_PERCENTILES = (("p50_latency_ns", 50), ("p90_latency_ns", 90), ("p95_latency_ns", 95),
-                       ("p97_latency_ns", 97), ("p99_latency_ns", 99), ("p99_9_latency_ns", 99.9))
-# Figures LoadGen's summary states besides the percentiles (mlharness.records.loadgen_logs.parse_summary).
-_SUMMARY_FIGURES = ("samples_per_second", "completed_samples_per_second", "scheduled_samples_per_second",
-                    "min_latency_ns", "max_latency_ns", "mean_latency_ns", "target_qps", "min_duration_ms",
-                    "samples_per_query", "min_query_count", "performance_sample_count",
-                    "early_stopping_90th_percentile_estimate", "early_stopping_99th_percentile_estimate")
-
 
 @dataclass(frozen=True)
 class HeadlineMetric:
@@ -111,7 +102,7 @@ class Performance(PayloadView):
     tokens: TokenMetrics = field(default_factory=TokenMetrics)
     KEYS: ClassVar[frozenset[str]] = frozenset({
         "result", "valid", "scenario", "mode", "metric", "raw", "wall_seconds",
-        *(key for key, _ in LATENCY_PERCENTILES), *_SUMMARY_FIGURES})
+        *SUMMARY_FIGURES})
 
     @classmethod
     def _knows(cls, key: str) -> bool:
@@ -120,8 +111,7 @@ class Performance(PayloadView):
     @classmethod
     def from_dict(cls, data: Any) -> "Performance":
         s = read_only(data)
-        figures: dict[str, Any] = {key: number_or_none(s.get(key)) for key in
-                                   (*(k for k, _ in LATENCY_PERCENTILES), *_SUMMARY_FIGURES)}
+        figures: dict[str, Any] = {key: number_or_none(s.get(key)) for key in SUMMARY_FIGURES}
         for key in ("samples_per_query", "min_query_count", "performance_sample_count"):
             figures[key] = int_or_none(s.get(key))
         return cls(stored=s, result=text_or_none(s.get("result")), valid=s.get("valid") is True,
