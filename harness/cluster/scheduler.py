@@ -29,7 +29,7 @@ from mlharness.records.run_record import utc_now
 from mlharness.running.progress import Snapshot, Steps, clock
 from mlharness.running.request import RunRequest
 from mlharness.running.resolve import resolved_for_run
-from mlharness.sweeps.cell_loop import CellEvent, CellJob, cell_result
+from mlharness.sweeps.cell_loop import STDERR_KEPT_CHARS, CellEvent, CellJob, cell_result
 
 NODES_REFRESH_S = 1.0  # how often the alive nodes are read from the cluster
 WAIT_S = 0.25  # one ray.wait
@@ -257,7 +257,7 @@ class NodeSlots:
                                               f"(the cell's timeout; its node did not stop it)"}, 0.0)
         except exceptions.RayTaskError as exc:  # our task raised on the node: a failed cell, not a lost node
             self._release(job)
-            return self._event(job, {"status": "failed", "run_id": None, "stderr": str(exc)[-8000:],
+            return self._event(job, {"status": "failed", "run_id": None, "stderr": str(exc)[-STDERR_KEPT_CHARS:],
                                      "error": f"on node {at.node.name}: {_first_line(exc)}"}, 0.0)
         except exceptions.TaskUnschedulableError:  # its node went away before the cell started: place it again
             self._release(job)

@@ -32,7 +32,8 @@ class BricksSummary(PayloadView):
     @classmethod
     def from_dict(cls, data: Any) -> "BricksSummary":
         s = read_only(data)
-        typed = {key: (int_or_none if key in cls._INTS else number_or_none)(s.get(key)) for key in cls.KEYS - {"fingerprint"}}
+        typed = {key: (int_or_none if key in cls._INTS else number_or_none)(s.get(key))
+                 for key in cls.KEYS - {"fingerprint"}}
         return cls(stored=s, fingerprint=text_or_none(s.get("fingerprint")), **typed)
 
     def figures(self) -> dict[str, float]:

@@ -164,7 +164,8 @@ class AccuracyCheck(PayloadView):
         return cls(stored=s, name=None if s.get("name") is None else str(s.get("name")),
                    expected=expected if isinstance(expected, list) else number_or_none(expected),
                    tolerance=number_or_none(s.get("tolerance")), min_fraction=number_or_none(s.get("min_fraction")),
-                   measured=number_or_none(s.get("measured")), passed=s.get("pass") is True, line=text_or_none(s.get("line")))
+                   measured=number_or_none(s.get("measured")), passed=s.get("pass") is True,
+                   line=text_or_none(s.get("line")))
 
     @property
     def verdict(self) -> str:
@@ -175,7 +176,8 @@ class AccuracyCheck(PayloadView):
 class AccuracyResult(PayloadView):
     """An accuracy test's score (mlharness.running.accuracy.AccuracyReport.as_record)."""
     metric: str | None = None
-    values: Mapping[str, float] = field(default_factory=empty_mapping)  # the metric's numeric values: top1, top5, rouge1, ...
+    # The metric's numeric values: top1, top5, rouge1, ...
+    values: Mapping[str, float] = field(default_factory=empty_mapping)
     headline: str | None = None  # the result as one line
     verdict: str | None = None  # PASS/FAIL against the reference log, None without one
     reference: str | None = None  # the reference log checked against
@@ -237,7 +239,8 @@ class DeviceMemory(PayloadView):
         s = read_only(data)
         return cls(stored=s, device=text_or_none(s.get("device")), source=text_or_none(s.get("source")),
                    peak_allocated_bytes=int_or_none(s.get("peak_allocated_bytes")),
-                   peak_reserved_bytes=int_or_none(s.get("peak_reserved_bytes")), used_bytes=int_or_none(s.get("used_bytes")))
+                   peak_reserved_bytes=int_or_none(s.get("peak_reserved_bytes")),
+                   used_bytes=int_or_none(s.get("used_bytes")))
 
     def figures(self) -> dict[str, float]:
         """Every numeric figure by its key (the record's `coldstart.device_<key>`)."""
