@@ -18,6 +18,7 @@ import pytest
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+import mlharness
 from mlharness.errors import UserError
 from mlharness.specs import manifests, validation
 from mlharness.specs.manifests import (
@@ -676,7 +677,9 @@ def test_manifests_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     path.write_text("kind: software\nname: s\nversion: 1.0.0\ndescription: \"gr\u00fc\u00df\"\n", encoding="utf-8")
     code = "import sys; from mlharness.specs.manifests import load_manifest; sys.exit(load_manifest(sys.argv[1]).doc['description'] != 'gr\\u00fc\\u00df')"
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": "ascii"}
-    root = Path(manifests.__file__).resolve().parents[1]  # the tree whose specs package this test imported
+    # The folder holding the mlharness package this test imported (the checkout, or a mutation run's copy,
+    # where the package is mlharness/ and specs mlharness/specs/), so the child imports the same code.
+    root = Path(mlharness.__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code, str(path)], cwd=root, env=env, capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
