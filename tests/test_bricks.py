@@ -308,6 +308,33 @@ def test_bricks_of_a_users_model_measured_then_reused_from_the_database(tmp_path
         assert store.count_brick_measurements() == stored
 
 
+def test_a_stored_brick_too_wide_for_this_estimate_is_measured_again_and_stored_anew(tmp_path: Path) -> None:
+    """A row stored wide (its run's estimate stopped it early) is measured again when it keeps the
+    estimate from its tolerance; the new row replaces it, the others stay reused."""
+    import sqlite3
+
+    manifest = _user_model(tmp_path / "m", tiny_graph(tmp_path / "tiny.onnx"))
+    results = tmp_path / "results"
+    args = ("bricks", manifest, "--results-dir", results, "--time-cap", "0.05", "--no-variants", "--no-measure")
+    assert run_cli(*args) == 0
+    first = _bricks_json(_bricks_runs(results)[0])
+    widest = max(first["bricks"], key=lambda b: b["total_ms"])
+    with sqlite3.connect(results / "mlharness.sqlite") as conn:
+        # Far wider than anything measured, so it weighs most in the estimate's interval whatever the load.
+        conn.execute("UPDATE brick_measurements SET ci_low_ms = 0, ci_high_ms = median_ms * 100, "
+                     "stable = 0, repeats = 10 WHERE brick_key = ?", (widest["key"],))
+    assert run_cli(*args) == 0
+    second = _bricks_json(_bricks_runs(results)[-1])
+    summary, entries = second["summary"], {b["key"]: b for b in second["bricks"]}
+    assert not entries[widest["key"]]["reused"] and summary["measured_bricks"] >= 1
+    assert summary["reused_bricks"] + summary["measured_bricks"] == summary["unique_bricks"]
+    assert summary["reused_bricks"] == sum(b["reused"] for b in second["bricks"]) and summary["brick_seconds"] > 0
+    with sqlite3.connect(results / "mlharness.sqlite") as conn:
+        run_id, high, median = conn.execute("SELECT run_id, ci_high_ms, median_ms FROM brick_measurements "
+                                            "WHERE brick_key = ?", (widest["key"],)).fetchone()
+    assert run_id == _bricks_runs(results)[-1].name and high < 100 * median  # the new row replaced the wide one
+
+
 def test_bricks_compared_with_the_loadgen_run_and_the_lower_bound(tmp_path: Path) -> None:
     manifest = _user_model(tmp_path / "m", tiny_graph(tmp_path / "tiny.onnx"))
     results = tmp_path / "results"
@@ -449,3 +476,34 @@ def test_the_estimate_rule_extends_the_brick_that_widens_the_interval_most() -> 
     capped = _FakeSampler([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
     halfwidth = _refine({"w": capped}, {}, bricks, 0.0, bt.ConfidenceRule(tolerance=0.02, time_cap=0.01))
     assert capped.calls == 0 and halfwidth == pytest.approx(4.5)
+
+
+def test_a_stored_brick_too_wide_for_the_estimate_is_measured_again_and_only_then() -> None:
+    from mlharness.bricks.refine import refine as _refine
+
+    bricks = {"n": sb.Brick("n", "Conv", "", {}, [], [], nodes=["a"]),
+              "s": sb.Brick("s", "Relu", "", {}, [], [], nodes=["b", "c"])}
+    narrow = [5.0] * 9 + [5.01]
+    # A stored row another model's run left wide (it stopped early, far from its cap): this estimate's
+    # interval is the row's; it is measured again, and the brick already narrow takes no more calls.
+    stored = {"s": {"median_ms": 1.0, "ci_low_ms": 0.5, "ci_high_ms": 1.5, "stable": False, "repeats": 10}}
+    sampled, opened = {"n": _FakeSampler(narrow)}, []
+
+    def reopen(key: str) -> _FakeSampler:
+        opened.append(key)
+        return _FakeSampler([1.0] * 9 + [1.01])
+
+    rule = bt.ConfidenceRule(tolerance=0.02, time_cap=1.0)
+    fixed = dict(stored)
+    halfwidth = _refine(sampled, fixed, bricks, 0.0, rule, reopen=reopen)
+    assert opened == ["s"] and "s" in sampled and fixed == {}
+    assert halfwidth <= 0.02 * 7.0 and sampled["n"].calls == 0
+    # Without leave to measure, nothing the run can extend narrows the interval: it stops at once.
+    sampled = {"n": _FakeSampler(narrow)}
+    halfwidth = _refine(sampled, dict(stored), bricks, 0.0, rule)
+    assert sampled["n"].calls == 0 and halfwidth == pytest.approx(2 * 0.5, rel=0.01)
+    # A stored row its own run refined (more than the first look), or stable by itself, is not measured again.
+    for row in ({**stored["s"], "repeats": 11}, {**stored["s"], "stable": True}):
+        opened.clear()
+        _refine({"n": _FakeSampler(narrow)}, {"s": row}, bricks, 0.0, rule, reopen=reopen)
+        assert opened == []

@@ -143,7 +143,12 @@ def _refine_estimate(p: Prepared, sampled: Sampled, empty: float, rule: Confiden
     run sampled, that variant takes more calls as the estimate's do. Returns the estimate's half-width."""
     main, by_key = p.main_variant, p.decomposition.by_key
     fixed = {key: found[main] for key, found in sampled.found.items() if main in found}
-    estimate_ci = refine(sampled.samplers, fixed, by_key, empty, rule)
+    estimate_ci = refine(sampled.samplers, fixed, by_key, empty, rule,
+                         reopen=lambda key: p.open_sampler(by_key[key], main, rule))
+    for key in sampled.samplers:  # a stored brick measured again is not reused
+        if main in sampled.found[key]:
+            sampled.reused -= 1
+            sampled.reuse_saved -= float(sampled.found[key].pop(main).get("seconds") or 0.0)
     if not sampled.variant_samplers:
         return estimate_ci
     for key, sampler in sampled.samplers.items():
