@@ -6,8 +6,8 @@ same confidence.
 The suite: the shipped ONNX models (resnet50-light, mobilenet-v2 on ONNX Runtime, converted from its
 torch manifest) and the onnx wheel's `light_*` graphs, each through a model manifest written here as
 a user would (the graph's input and output, synthetic-images, ImageNet preprocessing). The models run
-in order through one `mlharness bricks` invocation, so later models reuse earlier ones' bricks from
-the results database, as a suite does.
+in order, as `mlharness bricks` runs a suite, so later models reuse earlier ones' bricks from the
+results database.
 
 The zoo (issue 39): `--zoo` builds the zoo's members as `mlharness zoo build` does (into the cache's
 zoo folder) and adds their manifests to the suite, family by family (`--family F` and `--member NAME`,
@@ -23,7 +23,8 @@ Figures: each model's estimate error (vs LoadGen and vs a plain session), the sh
 2%, 5% and 10% of each, the speedup = (sum of the seconds each model took to reach the confidence
 rule whole) / (sum of the seconds the bricks took, reuse included) and without reuse, the held-out
 rows, and the machine's load average at the start and the end. Printed, and written to
-bench/out/bricks.json (or --out).
+bench/out/bricks.json (or --out). A model whose run fails is listed under `failed` with its one-line
+error and the rest of the suite still runs; the exit status is then 1.
 
     .venv/bin/python bench/bricks.py [--models resnet50-light light_vgg19 ...] [--time-cap 1] [--no-variants]
     .venv/bin/python bench/bricks.py --zoo-only [--family squeezenet] [--hold-out squeezenet-1.1] [--threads 1]
@@ -47,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from mlharness.bricks import compose  # noqa: E402
 from mlharness.bricks.estimate import MEASURE_MISSING  # noqa: E402
 from mlharness.bricks.suite import measuring_request, run_suite  # noqa: E402
-from mlharness.errors import UserError  # noqa: E402
+from mlharness.errors import RunInterrupted, UserError  # noqa: E402
 from mlharness.records.run_record import RunRecord  # noqa: E402
 from mlharness.running.launcher import run_request  # noqa: E402
 from mlharness.running.request import RunRequest  # noqa: E402
@@ -282,13 +283,16 @@ def main() -> int:
                       overrides=overrides, command="bench/bricks.py")
     say = lambda text: print(text, flush=True)  # noqa: E731
     started = time.perf_counter()
-    outcome = run_suite(models, base, measure=True, say=say)
+    records, failed = [], []
+    for model in models:  # one at a time: a model that fails is reported and the suite goes on
+        records += going_on(lambda: run_suite([model], base, measure=True, say=say).bricks, model, failed, say) or []
     wall = time.perf_counter() - started
-    held = [held_out_row(name, path, base, say) for name, path in held_paths.items()]
+    held = [row for name, path in held_paths.items()
+            if (row := going_on(lambda: held_out_row(name, path, base, say), name, failed, say))]
     machine["loadavg_end"] = list(os.getloadavg())
 
-    rows = [suite_row(record, families) for record in outcome.bricks]
-    summary = summarize(rows, wall)
+    rows = [suite_row(record, families) for record in records]
+    summary = summarize(rows, wall) | {"failed": len(failed)}
     print_figures(rows, held, summary, machine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"bench": "bricks", "machine": machine,
@@ -296,9 +300,25 @@ def main() -> int:
                                                  "measure_ms": args.measure_ms, "threads": args.threads,
                                                  "zoo": args.zoo, "zoo_only": args.zoo_only, "families": args.family,
                                                  "members": args.member, "hold_out": args.hold_out},
-                                    "summary": summary, "models": rows, "held_out": held}, indent=2))
+                                    "summary": summary, "models": rows, "held_out": held, "failed": failed},
+                                   indent=2))
     print(f"written to {args.out}")
-    return 0
+    if failed:
+        print(f"bench/bricks.py: {len(failed)} model(s) failed: " + "; ".join(f["model"] for f in failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def going_on(step: Callable[[], Any], model: str, failed: list[dict[str, str]], say: Callable[[str], None]) -> Any:
+    """`step`'s result; a run that failed (not one stopped from outside) is added to `failed` and None
+    returned, so the figures of the models before and after it are still written."""
+    try:
+        return step()
+    except RunInterrupted:
+        raise
+    except UserError as error:
+        failed.append({"model": model, "error": str(error)})
+        say(f"{model}: failed: {error}")
+        return None
 
 
 if __name__ == "__main__":

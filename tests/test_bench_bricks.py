@@ -25,13 +25,21 @@ def _brick_keys(results_path: str) -> set[str]:
 def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("bench-bricks")
     out = folder / "bricks.json"
-    done = subprocess.run([*BENCH, "--models", "light_squeezenet", "--zoo", "--family", "squeezenet",
+    # A model that cannot run sits in the middle: it is reported and the suite goes on around it.
+    done = subprocess.run([*BENCH, "--models", "light_squeezenet", "no-such-model", "--zoo", "--family", "squeezenet",
                            "--hold-out", "squeezenet-1.1", "--time-cap", "0.05", "--no-variants", "--measure-ms", "200",
                            "--threads", "1", "--results-dir", str(folder / "results"), "--out", str(out)],
                           cwd=folder, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == "bench/bricks.py: 1 model(s) failed: no-such-model"
     assert "zoo 2/2: squeezenet-1.1 (squeezenet)" in done.stdout  # progress: the held-out is built last
     return json.loads(out.read_text())
+
+
+def test_a_model_that_fails_is_listed_and_the_rest_of_the_suite_is_written(figures: dict[str, Any]) -> None:
+    (failed,) = figures["failed"]
+    assert failed["model"] == "no-such-model" and "no-such-model" in failed["error"]
+    assert figures["summary"]["failed"] == 1 and len(figures["models"]) == 2 and len(figures["held_out"]) == 1
 
 
 def test_the_suite_is_the_models_then_the_zoo_family_without_the_held_out(figures: dict[str, Any]) -> None:
