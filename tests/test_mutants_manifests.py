@@ -5,14 +5,17 @@ frameworks and for generation settings elsewhere, the YAML reader's refusal of a
 a manifest made in code (no document read). docs/notes/mutation-2026-11-27.md names the mutants."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from mlharness.specs.manifests import HardwareManifest, load_manifest
 from mlharness.specs.validation import ManifestError, load_yaml
+from tests.support import run_cli
 
 SHA = "a" * 64
 MODEL: dict[str, Any] = {
@@ -22,6 +25,7 @@ MODEL: dict[str, Any] = {
     "outputs": [{"name": "y", "type": "tensor", "element_type": "float32", "shape": ["batch", 2]}],
     "sources": {"graph": {"uri": "model.onnx", "sha256": SHA}},
 }
+DEL_SOURCES = object()  # a model without sources
 SCOPES = "'*' or one of SingleStream, MultiStream, Server, Offline"
 
 
@@ -90,6 +94,28 @@ def test_generation_settings_are_refused_for_a_tensor_model(tmp_path: Path) -> N
     assert problems(tmp_path, generation={"max_new_tokens": 4}) == [
         "generation: expected no generation settings for framework onnxruntime (generative frameworks: "
         "transformers, llama_cpp), got 'a mapping'"]
+
+
+WEIGHTS = {"uri": "w.gguf", "sha256": SHA}
+
+
+@pytest.mark.parametrize("fields, refused", [
+    ({"framework": {"name": "torch"}, "sources": {"torchscript": {"uri": "m.pt", "sha256": SHA}}}, False),
+    ({"framework": {"name": "torch"}, "sources": {"module": {"factory": "m:f"}}}, False),
+    ({"framework": {"name": "torch"}, "sources": {"weights": WEIGHTS}}, True),  # neither of the two it needs
+    ({"framework": {"name": "onnxruntime"}, "sources": {"weights": WEIGHTS}}, True),  # no graph
+    ({"generation": {"max_new_tokens": 4}}, True),  # generation settings on a tensor model
+    ({"framework": {"name": "transformers"}, "sources": {"weights": WEIGHTS}, "generation": {"max_new_tokens": 4}},
+     False),
+    ({"framework": {"name": "llama_cpp"}, "sources": {"weights": WEIGHTS}}, True),  # no generation settings
+    ({"framework": {"name": "null"}, "sources": DEL_SOURCES}, False),
+])
+def test_the_written_json_schema_says_what_each_framework_needs(tmp_path: Path, fields: dict, refused: bool) -> None:
+    """The same rules as the loader, in the JSON Schema `specs schema` writes for editors (an if/then each)."""
+    assert run_cli("specs", "schema", "--out", str(tmp_path)) == 0
+    validator = jsonschema.Draft202012Validator(json.loads((tmp_path / "model.schema.json").read_text()))
+    doc = {key: value for key, value in {**MODEL, **fields}.items() if value is not DEL_SOURCES}
+    assert bool(list(validator.iter_errors(doc))) is refused
 
 
 # -- a manifest made in code --------------------------------------------------------------------------
