@@ -457,7 +457,10 @@ def test_a_preset_is_found_by_name_in_the_scenarios_folder_or_by_path(presets: P
 
 def test_the_shipped_presets_are_found_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLHARNESS_SCENARIOS", raising=False)
-    assert scenarios_root() == REPO / "scenarios"
+    import mlharness.scenarios
+
+    # The shipped package's folder: scenarios/ in a checkout, mlharness/scenarios/ in a mutation run's tree.
+    assert scenarios_root() == Path(mlharness.scenarios.__file__).parent
     assert load_preset("quick")["settings"]["*"] == {"min_duration": 1000, "min_query_count": 32}
 
 
