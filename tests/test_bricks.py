@@ -443,6 +443,17 @@ def test_large_weights_are_measured_with_the_rest_of_the_model_passed_through_th
                 if isinstance(c.cell_contents, np.ndarray)).nbytes == bt.EVICT_CAP_BYTES
 
 
+def test_the_empty_call_runs_no_node() -> None:
+    """A node costs the executor something in the model too: the empty call subtracted from every brick
+    must not hold one."""
+    model = onnx.load_from_string(bt.empty_session_model([helper.make_opsetid("", 17)], 8))
+    assert len(model.graph.node) == 0
+    session = ort.InferenceSession(model.SerializeToString(), _options(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.full(1, 3.0, np.float32)})[0][0] == 3.0
+    call, _, _ = bt.bound_call(session, {"x": np.full(1, 3.0, np.float32)})
+    call()  # as the bricks run calls it: through a binding
+
+
 class _FakeSampler:
     """A sampler whose extra calls all take its median: its interval narrows as it is extended."""
 
