@@ -326,6 +326,8 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
     assert not launcher_children(cluster, "head") and not launcher_children(cluster, "n2")  # cancelled there
     # ...and their tasks ended cleanly there: no scratch folder left on the nodes
     assert set(cluster.root.glob("mlharness-node-cell-*")) == scratch_before
+    if stop != signal.SIGINT:
+        return  # what a resume does after the stop is the same whichever signal stopped it: run once, for SIGINT
 
     code, out, err = sweep(cluster, tmp_path, str(grid), "--results-dir", str(results))
     assert code == 0, err
