@@ -709,6 +709,23 @@ def test_reading_leaves_another_schema_version_alone(tmp_path: Path, version: in
     assert path.read_bytes() == before, "a reader never migrates"
 
 
+def test_a_page_damaged_past_the_header_is_named_when_a_query_meets_it(tmp_path: Path) -> None:
+    """The file opens (its header and schema page are whole) and a query then reads a smashed page: leaving
+    the store's `with` block turns that into the same one line naming the database, and closes it."""
+    path = tmp_path / "smashed.sqlite"
+    ResultStore(path).close()
+    size = path.stat().st_size
+    with path.open("r+b") as handle:  # garbage over every page after the first
+        handle.seek(4096)
+        handle.write(bytes((i * 37 + 11) % 256 for i in range(size - 4096)))
+    with pytest.raises(UserError) as exc:
+        with ResultStore(path, create=False) as store:
+            store.list_runs()
+    assert one_line(exc) == f"{path}: not a usable results database (database disk image is malformed)"
+    with pytest.raises(sqlite3.ProgrammingError):  # closed
+        store.conn.execute("SELECT 1")
+
+
 def test_reading_a_damaged_file_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "damaged.sqlite"
     path.write_bytes(b"not a database at all " * 50)
