@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jsonschema
 import pytest
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
-from mlharness.specs.manifests import HardwareManifest, load_manifest
-from mlharness.specs.validation import ManifestError, load_yaml
+from mlharness.specs.manifests import HardwareManifest, known_names, load_manifest
+from mlharness.specs.model_schema import FRAMEWORK_RULES
+from mlharness.specs.schema_fields import Doc, nonblank, version_constraint
+from mlharness.specs.validation import ManifestError, NamesOf, load_yaml, problems_from
 from tests.support import run_cli
 
 SHA = "a" * 64
@@ -99,7 +102,7 @@ def test_generation_settings_are_refused_for_a_tensor_model(tmp_path: Path) -> N
 WEIGHTS = {"uri": "w.gguf", "sha256": SHA}
 
 
-@pytest.mark.parametrize("fields, refused", [
+FRAMEWORK_CASES = [
     ({"framework": {"name": "torch"}, "sources": {"torchscript": {"uri": "m.pt", "sha256": SHA}}}, False),
     ({"framework": {"name": "torch"}, "sources": {"module": {"factory": "m:f"}}}, False),
     ({"framework": {"name": "torch"}, "sources": {"weights": WEIGHTS}}, True),  # neither of the two it needs
@@ -109,13 +112,56 @@ WEIGHTS = {"uri": "w.gguf", "sha256": SHA}
      False),
     ({"framework": {"name": "llama_cpp"}, "sources": {"weights": WEIGHTS}}, True),  # no generation settings
     ({"framework": {"name": "null"}, "sources": DEL_SOURCES}, False),
-])
+]
+
+
+@pytest.mark.parametrize("fields, refused", FRAMEWORK_CASES)
 def test_the_written_json_schema_says_what_each_framework_needs(tmp_path: Path, fields: dict, refused: bool) -> None:
     """The same rules as the loader, in the JSON Schema `specs schema` writes for editors (an if/then each)."""
     assert run_cli("specs", "schema", "--out", str(tmp_path)) == 0
     validator = jsonschema.Draft202012Validator(json.loads((tmp_path / "model.schema.json").read_text()))
     doc = {key: value for key, value in {**MODEL, **fields}.items() if value is not DEL_SOURCES}
     assert bool(list(validator.iter_errors(doc))) is refused
+
+
+@pytest.mark.parametrize("fields, refused", FRAMEWORK_CASES)
+def test_the_framework_rules_written_now_say_the_same(fields: dict, refused: bool) -> None:
+    """The table's if/then rules built in the test (the model class builds them once, at import, where a
+    mutation run cannot reach them): the same verdicts as the written schema above."""
+    validator = jsonschema.Draft202012Validator({"allOf": [rule.json_schema() for rule in FRAMEWORK_RULES]})
+    doc = {key: value for key, value in {**MODEL, **fields}.items() if value is not DEL_SOURCES}
+    assert bool(list(validator.iter_errors(doc))) is refused
+
+
+# -- the validators the schema classes are built with, built in the test --------------------------------
+
+def fields_model() -> type[Doc]:
+    """Made in the test, not at import: a mutation run forks its test processes after collection."""
+    class Fields(Doc):
+        name: Annotated[str, nonblank("a non-blank name")] = "x"
+        version: Annotated[str, version_constraint("a version constraint such as '>=1.17'")] = ""
+        framework: Annotated[str, NamesOf("framework")] = "null"
+    return Fields
+
+
+@pytest.mark.parametrize("doc, lines", [
+    ({"name": " "}, ["name: expected a non-blank name, got ' '"]),
+    ({"version": ">=x.y"}, ["version: expected a version constraint such as '>=1.17', got '>=x.y'"]),
+    ({"framework": "tensorflow"}, [f"framework: expected one of {known_names('framework')}, got 'tensorflow'"]),
+    ({"name": "n", "version": ">=1.17,<2", "framework": "onnxruntime"}, []),
+])
+def test_the_field_validators_refuse_with_their_text(doc: dict, lines: list[str]) -> None:
+    model = fields_model()
+    try:
+        model.model_validate(doc)
+        found: list[str] = []
+    except ValidationError as exc:
+        found = [line.removeprefix("f: ") for line in problems_from(exc, "f", model, doc)]
+    assert found == lines
+
+
+def test_a_registry_field_lists_its_names_in_the_json_schema() -> None:
+    assert TypeAdapter(Annotated[str, NamesOf("framework")]).json_schema()["enum"] == known_names("framework")
 
 
 # -- a manifest made in code --------------------------------------------------------------------------
