@@ -1,0 +1,106 @@
+"""The run lifecycle's failure path (harness/running/lifecycle.py, part of the launcher module in
+tools/mutation/modules.toml), as mutation testing found it untested by that module's selection:
+fail_run keeps the failed run in failed-<run id>/ with its record (status, error, finish time,
+traceback of a bug, not of a user's mistake), without the staging folder's owner file, and raises
+RunFailed with that record and the failure's exit status. In process, with a stand-in guard that is
+already finalizing. docs/notes/mutation-2026-11-27.md names the mutants."""
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mlharness.errors import RunFailed, UserError
+from mlharness.records.results import scenario_dir
+from mlharness.records.run_record import RunRecord
+from mlharness.running import lifecycle
+
+
+def started() -> RunRecord:
+    return RunRecord(run_id="r1", command="mlharness run null", model={"name": "null"}, dataset={},
+                     backend="null", scenario="Offline", mode="performance", error_traceback="before")
+
+
+def fail(tmp_path: Path, exc: BaseException, aborted: BaseException | None = None,
+         owner: bool = True) -> tuple[RunFailed, Path]:
+    where = scenario_dir(tmp_path, "sys", "null", "Offline", "r1")
+    where.staging.mkdir(parents=True)
+    (where.staging / "mlperf_log_summary.txt").write_text("kept")
+    if owner:
+        (where.staging / "owner.json").write_text("{}")
+    guard: Any = SimpleNamespace(finalizing=lambda: True, aborted=aborted)
+    with pytest.raises(RunFailed) as info:
+        lifecycle.fail_run(started(), where, exc, guard)
+    return info.value, where.root / "failed-r1"
+
+
+def test_a_users_mistake_is_kept_without_a_traceback(tmp_path: Path) -> None:
+    failed, folder = fail(tmp_path, UserError("bad setting"))
+    assert sorted(p.name for p in folder.iterdir()) == ["mlperf_log_summary.txt", "run.json"]  # owner.json gone
+    stored = json.loads((folder / "run.json").read_text())
+    assert (stored["status"], stored["error"], stored["results_path"]) == ("failed", "bad setting", str(folder))
+    assert stored["finished_at"] and stored["finished_at"] == failed.record.finished_at
+    assert stored["error_traceback"] == "before"  # nothing new to point at
+    assert failed.record.status == "failed" and failed.record.error == "bad setting"
+    assert (str(failed), failed.exit_status) == (f"run failed: bad setting (logs kept in {folder})", 1)
+
+
+def test_a_bug_is_kept_with_its_traceback(tmp_path: Path) -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError as raised:
+        bug = raised
+    failed, folder = fail(tmp_path, bug, owner=False)  # no owner file to remove: no error either
+    trace = folder / "traceback.txt"
+    assert trace.read_text() == "".join(traceback.format_exception(bug))
+    assert json.loads((folder / "run.json").read_text())["error_traceback"] == str(trace)
+    assert failed.record.error == "ValueError: boom" and failed.record.error_traceback == str(trace)
+    assert str(failed) == f"run failed: ValueError: boom (logs kept in {folder}); traceback in {trace}"
+
+
+@pytest.mark.parametrize("how", ["cause", "__cause__"])
+def test_a_bug_behind_a_users_error_is_kept_with_its_traceback(tmp_path: Path, how: str) -> None:
+    error = UserError("sample 3: the loader failed")
+    setattr(error, how, KeyError("pixels"))
+    failed, folder = fail(tmp_path, error)
+    assert failed.record.error == "sample 3: the loader failed"
+    assert "KeyError: 'pixels'" in (folder / "traceback.txt").read_text()
+
+
+def test_a_users_error_behind_a_users_error_has_no_traceback(tmp_path: Path) -> None:
+    error = UserError("outer")
+    error.__cause__ = UserError("inner")
+    failed, folder = fail(tmp_path, error)
+    assert not (folder / "traceback.txt").exists() and failed.record.error_traceback == "before"
+
+
+def test_the_guards_abort_is_the_failure_and_gives_the_exit_status(tmp_path: Path) -> None:
+    stop = UserError("stopped by SIGTERM")
+    stop.exit_status = 143  # type: ignore[attr-defined]
+    failed, _ = fail(tmp_path, KeyboardInterrupt(), aborted=stop)
+    assert (failed.record.error, failed.exit_status) == ("stopped by SIGTERM", 143)
+
+
+def test_a_failure_while_the_guard_is_not_finalizing_waits_for_its_abort(tmp_path: Path) -> None:
+    """The guard's abort writes the failed run and ends the process: fail_run leaves it to that and waits
+    (here a daemon thread left waiting; the test process ends it)."""
+    where = scenario_dir(tmp_path, "sys", "null", "Offline", "r1")
+    where.staging.mkdir(parents=True)
+    guard: Any = SimpleNamespace(finalizing=lambda: False, aborted=None)
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            lifecycle.fail_run(started(), where, UserError("x"), guard)
+        except BaseException as exc:  # noqa: BLE001 - what the wait let through
+            errors.append(exc)
+
+    waiter = threading.Thread(target=body, daemon=True)
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive() and errors == [] and not (where.root / "failed-r1").exists()
