@@ -565,11 +565,42 @@ class FailRecorder:
         self.failed.append(exc)
 
 
-def test_only_one_caller_finalizes() -> None:
+def test_only_one_thread_finalizes_and_it_may_ask_again() -> None:
+    """The main thread claims the run's end when LoadGen returns and asks again when it writes it; an
+    abort's thread, asking after it, is refused (and so does not exit over the main thread's writing)."""
     guard = RunGuard(None)
     assert guard.finalizing() is True
-    assert guard.finalizing() is False
-    assert guard.finalizing() is False
+    assert guard.finalizing() is True
+    others: list[bool] = []
+    other = threading.Thread(target=lambda: others.append(guard.finalizing()))
+    other.start()
+    other.join()
+    assert others == [False] and guard.finalizing() is True
+
+
+def test_a_run_claims_its_end_as_soon_as_loadgen_returns(tmp_path: Path) -> None:
+    """A run in this process (as the launcher's child runs it) with the real guard: the first thread to
+    ask for the run's end is the main one, from inside the LoadGen test's function, before the SUT's
+    outcome (and a network run's requests log) is written; so a failed request's abort, coming then,
+    leaves the writing to it (under load the abort once wrote the failed run first and the log was lost)."""
+    import traceback
+
+    from mlharness.running import runner
+
+    class Watched(RunGuard):
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.first_asked_from: list[str] = []
+
+        def finalizing(self) -> bool:
+            if not self.first_asked_from:
+                self.first_asked_from = [frame.name for frame in traceback.extract_stack()]
+            return super().finalizing()
+
+    guard = Watched()
+    record = runner.run_here(RunRequest(model="null", scenario="Offline", quick=True, results_dir=tmp_path / "r"), guard)
+    assert record.status == "ok"
+    assert "run_loadgen" in guard.first_asked_from and "publish" not in guard.first_asked_from
 
 
 def test_started_writes_the_preliminary_record_the_owner_and_the_start(tmp_path: Path) -> None:
@@ -591,12 +622,19 @@ def test_started_writes_the_preliminary_record_the_owner_and_the_start(tmp_path:
     assert (tmp_path / "r2" / ".staging-id2" / "run.json").is_file()
 
 
+def _abort_from_another_thread(guard: RunGuard, reason: str, exit_status: int) -> None:
+    """As a signal's watcher, a timer or a failed request calls it: from a thread of its own."""
+    aborting = threading.Thread(target=guard.abort, args=(reason, exit_status))
+    aborting.start()
+    aborting.join()
+
+
 def test_an_abort_before_any_sut_is_attached(tmp_path: Path) -> None:
     """A signal during model load: nothing to fail yet; the abort is kept for the SUT to come."""
     guard = RunGuard(None)
     assert (guard.sut, guard.aborted, guard.parent_gone) == (None, None, False)
     assert guard.finalizing()
-    guard.abort("interrupted by SIGTERM", 143)
+    _abort_from_another_thread(guard, "interrupted by SIGTERM", 143)
     assert str(guard.aborted) == "interrupted by SIGTERM"
     sut = FailRecorder()
     guard.attach_sut(sut)
@@ -609,11 +647,11 @@ def test_an_abort_fails_the_sut_once_and_a_later_sut_too(tmp_path: Path) -> None
     guard.attach_sut(sut)
     assert sut.failed == []
     assert guard.finalizing()  # the main thread is writing the outcome: abort must not exit
-    guard.abort("interrupted by SIGINT", 130)
+    _abort_from_another_thread(guard, "interrupted by SIGINT", 130)
     assert isinstance(guard.aborted, RunInterrupted)
     assert (str(guard.aborted), guard.aborted.exit_status) == ("interrupted by SIGINT", 130)
     assert sut.failed == [guard.aborted]
-    guard.abort("a second reason", 1)
+    _abort_from_another_thread(guard, "a second reason", 1)
     assert str(guard.aborted) == "interrupted by SIGINT" and sut.failed == [guard.aborted]
     later = FailRecorder()
     guard.attach_sut(later)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlharness.errors import UserError
+from mlharness.running.lifecycle import wait_for_abort
 from mlharness.running.request import RunRequest
 from mlharness.running.resolve import harness_options
 from mlharness.running.settings import Settings, apply_to_loadgen, validate_loadgen_settings
@@ -220,4 +221,8 @@ def run_loadgen(runtime: Any, settings: Settings, user_conf: Path, logdir: Path,
                     lg.StartTestWithLogSettings(lg_sut, qsl, test_settings, log_settings, audit)
         finally:
             elapsed = time.perf_counter() - started
+    # LoadGen has returned: this thread writes the outcome from here, the SUT's logs included, and an abort
+    # from now on (a failed request's) leaves it to this thread; unless an abort is already writing it.
+    if guard is not None and not guard.finalizing():
+        wait_for_abort()
     return sut_outcome(sut, settings, logdir, facts), elapsed

@@ -38,7 +38,7 @@ class RunGuard:
         self.aborted: RunInterrupted | None = None
         self.parent_gone = False
         self._lock = threading.Lock()
-        self._finalized = False
+        self._finalizer: int | None = None  # the thread that writes the run's final state, once one has asked
         self._load_timer: threading.Timer | None = None
 
     # reported by the runner
@@ -71,12 +71,14 @@ class RunGuard:
         return timer.cancel
 
     def finalizing(self) -> bool:
-        """True for the one caller that may write the run's final state; False once it is taken."""
+        """True for the one thread that may write the run's final state: the first to ask, and that
+        thread again later; False for any other. The run's main thread asks as soon as LoadGen's test
+        returns (mlharness.running.loadgen_test), so an abort that comes then waits for it instead of
+        writing the failed run over what it is still writing (the SUT's requests log)."""
         with self._lock:
-            if self._finalized:
-                return False
-            self._finalized = True
-            return True
+            if self._finalizer is None:
+                self._finalizer = threading.get_ident()
+            return self._finalizer == threading.get_ident()
 
     # called from outside the run
     def abort(self, reason: str, exit_status: int) -> None:
