@@ -104,3 +104,22 @@ def test_a_failure_while_the_guard_is_not_finalizing_waits_for_its_abort(tmp_pat
     waiter.start()
     waiter.join(1.0)
     assert waiter.is_alive() and errors == [] and not (where.root / "failed-r1").exists()
+
+
+def test_a_staging_folder_whose_owner_is_another_live_process_is_not_abandoned(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    from mlharness.running.run_folders import owner_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "owner.json").write_text(json.dumps(
+            {"pid": child.pid, "create_time": psutil.Process(child.pid).create_time()}))
+        assert owner_alive(tmp_path)
+    finally:
+        child.kill()
+        child.wait()
+    assert not owner_alive(tmp_path)
