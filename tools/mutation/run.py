@@ -30,7 +30,10 @@ SCHEMA_VERSION = 1
 # holds the namespace as plain folders (mlharness/, mlharness/sut/, ...): mutmut names a mutant by its
 # file's path, and that must be the module's own name (mlharness.sut.x), which the tests import from
 # the tree (first on sys.path; the launcher puts it on a run's path) rather than the editable install.
-PACKAGES = ["mlharness", "native", "setup.py", "bench"]
+# specs/ and scenarios/ are also copied where the checkout has them: tests read the shipped manifests
+# and presets by the repository's paths (REPO / "specs"), and without them the manifests module's
+# selection failed before mutating anything.
+PACKAGES = ["mlharness", "native", "setup.py", "bench", "specs", "scenarios"]
 NAMESPACE = {"harness": "mlharness", "sut": "mlharness/sut", "specs": "mlharness/specs",
              "profiling": "mlharness/profiling", "scenarios": "mlharness/scenarios"}
 
