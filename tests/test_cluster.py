@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 
 from mlharness.store.result_store import ResultStore
-from tests.support import REPO, run_cli
+from tests.support import REPO, run_cli, wait_for
 
 ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
 
@@ -322,10 +322,11 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
     assert re.search(r"sweep stopped interrupted; (\d) cell run\(s\) recorded, (\d) cancelled on their nodes", err), err
     finished = {row["cell_key"] for row in cells(db, "stopped")}
     assert 1 <= len(finished) < 5 and all(row["status"] == "ok" for row in cells(db, "stopped"))
-    time.sleep(1.0)
-    assert not launcher_children(cluster, "head") and not launcher_children(cluster, "n2")  # cancelled there
-    # ...and their tasks ended cleanly there: no scratch folder left on the nodes
-    assert set(cluster.root.glob("mlharness-node-cell-*")) == scratch_before
+    # The cancelled cells end on their nodes after the driver has gone: wait for that (not a fixed second),
+    # then nothing of theirs is left there, neither a run process nor a scratch folder.
+    wait_for(lambda: not launcher_children(cluster, "head") and not launcher_children(cluster, "n2")
+             and set(cluster.root.glob("mlharness-node-cell-*")) == scratch_before,
+             "the cancelled cells' processes and scratch folders gone from the nodes")
     if stop != signal.SIGINT:
         return  # what a resume does after the stop is the same whichever signal stopped it: run once, for SIGINT
 
