@@ -3,9 +3,9 @@ take more calls until the interval is within the rule's tolerance of the estimat
 more time. Used for the estimate as executed and for the lower bound of the best variants.
 
 A stored brick (reused from the results database) is measured again when its interval is the widest
-left, the run may measure (`reopen`) and the row stopped short of its own cap (`reopenable`): a row
-stored by a run whose own estimate needed few calls of it can be too wide for this model's, and before
-this rule the loop spent its whole cap extending bricks already narrow (docs/notes/bricks-2026-11-27.md).
+left, the run may measure (`reopen`) and the row had only its first look (`reopenable`): a row stored
+by a run whose own estimate needed few calls of it can be too wide for this model's, and before this
+rule the loop spent its whole cap extending bricks already narrow (docs/notes/bricks-2026-11-27.md).
 The loop also stops once the bricks that may take more calls are together within the tolerance: the
 rest of the interval is what cannot be narrowed."""
 from __future__ import annotations
