@@ -2,15 +2,13 @@
 tools/mutation/modules.toml), as mutation testing found it untested by that module's selection:
 fail_run keeps the failed run in failed-<run id>/ with its record (status, error, finish time,
 traceback of a bug, not of a user's mistake), without the staging folder's owner file, and raises
-RunFailed with that record and the failure's exit status. In process, with a stand-in guard that is
-already finalizing. docs/notes/mutation-2026-11-27.md names the mutants."""
+RunFailed with that record and the failure's exit status. In process, with the real guard (mlharness.running.run_child.RunGuard). docs/notes/mutation-2026-11-27.md names the mutants."""
 from __future__ import annotations
 
 import json
 import threading
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from mlharness.errors import RunFailed, UserError
 from mlharness.records.results import scenario_dir
 from mlharness.records.run_record import RunRecord
 from mlharness.running import lifecycle
+from mlharness.running.run_child import RunGuard
 
 
 def started() -> RunRecord:
@@ -33,7 +32,8 @@ def fail(tmp_path: Path, exc: BaseException, aborted: BaseException | None = Non
     (where.staging / "mlperf_log_summary.txt").write_text("kept")
     if owner:
         (where.staging / "owner.json").write_text("{}")
-    guard: Any = SimpleNamespace(finalizing=lambda: True, aborted=aborted)
+    guard = RunGuard(None)  # asked first from this thread: this thread writes the failed run
+    guard.aborted = aborted
     with pytest.raises(RunFailed) as info:
         lifecycle.fail_run(started(), where, exc, guard)
     return info.value, where.root / "failed-r1"
@@ -91,7 +91,10 @@ def test_a_failure_while_the_guard_is_not_finalizing_waits_for_its_abort(tmp_pat
     (here a daemon thread left waiting; the test process ends it)."""
     where = scenario_dir(tmp_path, "sys", "null", "Offline", "r1")
     where.staging.mkdir(parents=True)
-    guard: Any = SimpleNamespace(finalizing=lambda: False, aborted=None)
+    guard = RunGuard(None)
+    claim = threading.Thread(target=guard.finalizing)  # the abort's thread claimed the run's end first
+    claim.start()
+    claim.join()
     errors: list[BaseException] = []
 
     def body() -> None:

@@ -38,7 +38,9 @@ class RunGuard:
         self.aborted: RunInterrupted | None = None
         self.parent_gone = False
         self._lock = threading.Lock()
-        self._finalizer: int | None = None  # the thread that writes the run's final state, once one has asked
+        # The thread that writes the run's final state, once one has asked (the object, not its ident: an
+        # ended thread's ident is given to the next thread started)
+        self._finalizer: threading.Thread | None = None
         self._load_timer: threading.Timer | None = None
 
     # reported by the runner
@@ -77,8 +79,8 @@ class RunGuard:
         writing the failed run over what it is still writing (the SUT's requests log)."""
         with self._lock:
             if self._finalizer is None:
-                self._finalizer = threading.get_ident()
-            return self._finalizer == threading.get_ident()
+                self._finalizer = threading.current_thread()
+            return self._finalizer is threading.current_thread()
 
     # called from outside the run
     def abort(self, reason: str, exit_status: int) -> None:
