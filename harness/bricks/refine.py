@@ -67,14 +67,14 @@ def _terms(samplers: dict[str, Sampler], fixed: dict[str, dict[str, Any]],
            bricks: dict[str, Brick]) -> tuple[list[compose.Term], dict[str, float]]:
     """The estimate's terms as they stand, and each brick's weight in its variance (the square of its
     half-width times its multiplicity)."""
-    out, weights = [], {}
+    terms: dict[str, compose.Term] = {}
     for key, sampler in samplers.items():
         median, low, high = median_ci(sorted(sampler.times))
-        out.append(compose.Term(bricks[key].multiplicity, median, low, high))
+        terms[key] = compose.Term(bricks[key].multiplicity, median, low, high)
     for key, row in fixed.items():
         median = float(row["median_ms"])
-        out.append(compose.Term(bricks[key].multiplicity, median, float(row.get("ci_low_ms") or median),
-                                float(row.get("ci_high_ms") or median)))
-    for key, term in zip([*samplers, *fixed], out):
-        weights[key] = (term.multiplicity * max(term.median_ms - term.low_ms, term.high_ms - term.median_ms)) ** 2
-    return out, weights
+        terms[key] = compose.Term(bricks[key].multiplicity, median, float(row.get("ci_low_ms") or median),
+                                  float(row.get("ci_high_ms") or median))
+    weights = {key: (t.multiplicity * max(t.median_ms - t.low_ms, t.high_ms - t.median_ms)) ** 2
+               for key, t in terms.items()}
+    return list(terms.values()), weights
