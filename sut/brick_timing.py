@@ -28,11 +28,15 @@ class ConfidenceRule:
     # Warm-up also lasts at least this long: a fresh session's first calls of a microsecond kernel are
     # slower (caches, the thread pool waking), and three of them are not enough to pass that.
     warmup_seconds: float = 0.02
+    # ...or until this many calls, whichever comes first (never fewer than warmup_repeats): a kernel of a
+    # few microseconds settles within its first ten calls, and 20 ms of it was thousands of calls, most of
+    # a zoo's bricks time (docs/notes/bricks-2026-11-28.md).
+    warmup_max_calls: int = 100
 
     def describe(self) -> dict[str, Any]:
         return {"confidence": 0.95, "tolerance": self.tolerance, "min_repeats": self.min_repeats,
                 "warmup_repeats": self.warmup_repeats, "warmup_seconds": self.warmup_seconds,
-                "time_cap_seconds": self.time_cap}
+                "warmup_max_calls": self.warmup_max_calls, "time_cap_seconds": self.time_cap}
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ class Sampler:
     and `loop` (the rest: the clock, bookkeeping)."""
 
     def __init__(self, call: Callable[[], Any], before_each: Callable[[], Any] | None = None,
-                 setup_seconds: float = 0.0, warmup_repeats: int = 3, warmup_seconds: float = 0.0):
+                 setup_seconds: float = 0.0, warmup_repeats: int = 3, warmup_seconds: float = 0.0,
+                 warmup_max_calls: int | None = None):
         self.call, self.before_each = call, before_each
         self.times: list[float] = []
         self.timed = 0.0  # seconds inside the timed calls
@@ -79,13 +84,20 @@ class Sampler:
         self.phases = {"setup": setup_seconds, "warmup": 0.0, "prepare": 0.0, "timed": 0.0, "loop": 0.0}
         started = time.perf_counter()
         calls = 0
-        while calls < warmup_repeats or time.perf_counter() - started < warmup_seconds:
+        most = math.inf if warmup_max_calls is None else warmup_max_calls  # None: the seconds alone end it
+        while calls < warmup_repeats or (calls < most and time.perf_counter() - started < warmup_seconds):
             if before_each is not None:
                 before_each()
             call()
             calls += 1
         self.phases["warmup"] = time.perf_counter() - started
         self.seconds += self.phases["warmup"]
+
+    @classmethod
+    def by_rule(cls, call: Callable[[], Any], rule: ConfidenceRule, before_each: Callable[[], Any] | None = None,
+                setup_seconds: float = 0.0) -> "Sampler":
+        """A sampler warmed up as `rule` says (its repeats, then its seconds or its call cap)."""
+        return cls(call, before_each, setup_seconds, rule.warmup_repeats, rule.warmup_seconds, rule.warmup_max_calls)
 
     def extend(self, count: int) -> None:
         started = time.perf_counter()
@@ -124,7 +136,7 @@ def measure(call: Callable[[], Any], rule: ConfidenceRule, setup_seconds: float 
             before_each: Callable[[], Any] | None = None) -> Measurement:
     """Time `call` until the rule is met (see ConfidenceRule); milliseconds. `before_each` runs before
     every call, untimed."""
-    sampler = Sampler(call, before_each, setup_seconds, rule.warmup_repeats, rule.warmup_seconds)
+    sampler = Sampler.by_rule(call, rule, before_each, setup_seconds)
     sampler.extend(rule.min_repeats)
     while not sampler.stable(rule.tolerance) and sampler.timed < rule.time_cap:
         # Check every max(min_repeats, n / 10) calls, and never run far past the cap.

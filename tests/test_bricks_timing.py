@@ -4,6 +4,7 @@ says where its wall time went."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -72,3 +73,35 @@ def test_a_sampler_says_where_its_wall_time_went() -> None:
     assert sum(phases.values()) == pytest.approx(sampler.seconds) and phases["loop"] >= -1e-9
     sampler.release()
     assert sampler.call is None and len(sampler.times) == 5
+
+
+def _counting() -> tuple[list[int], Callable[[], None]]:
+    made = [0]
+
+    def call() -> None:
+        made[0] += 1
+    return made, call
+
+
+def test_warm_up_ends_at_its_call_cap_before_its_seconds() -> None:
+    # An hour of warm-up seconds: only the cap can end it, whatever the machine's speed.
+    made, call = _counting()
+    bt.Sampler(call, warmup_repeats=3, warmup_seconds=3600.0, warmup_max_calls=100)
+    assert made[0] == 100
+    made, call = _counting()  # the cap never cuts the repeats
+    bt.Sampler(call, warmup_repeats=5, warmup_seconds=3600.0, warmup_max_calls=2)
+    assert made[0] == 5
+    made, call = _counting()  # no seconds: the repeats alone, cap or none
+    bt.Sampler(call, warmup_repeats=4, warmup_seconds=0.0, warmup_max_calls=None)
+    assert made[0] == 4
+
+
+def test_measure_warms_up_by_the_rules_call_cap() -> None:
+    made, call = _counting()
+    rule = bt.ConfidenceRule(tolerance=1000.0, min_repeats=10, warmup_repeats=3, warmup_seconds=3600.0, warmup_max_calls=40)
+    measurement = bt.measure(call, rule)
+    assert measurement.repeats == 10 and made[0] == 40 + 10
+    made, call = _counting()  # what a bricks run opens each brick's sampler with (Prepared.open_sampler)
+    bt.Sampler.by_rule(call, rule)
+    assert made[0] == 40
+    assert bt.ConfidenceRule().describe()["warmup_max_calls"] == bt.ConfidenceRule().warmup_max_calls > 0

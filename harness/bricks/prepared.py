@@ -75,8 +75,7 @@ class Prepared:
         session = new_session(brick.model_bytes, self.session_options(threads, opt_level), [provider])
         setup = time.perf_counter() - setup_started
         call, fresh = fresh_bound_call(session, brick.feed)
-        sampler = Sampler(call, evicting(fresh, brick, self.model_weights), setup, rule.warmup_repeats,
-                          rule.warmup_seconds)
+        sampler = Sampler.by_rule(call, rule, evicting(fresh, brick, self.model_weights), setup)
         sampler.extend(rule.min_repeats)
         return sampler
 
