@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -179,6 +180,8 @@ def summarize(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     whole = sum(r["whole_model_seconds"] or 0.0 for r in rows)
     bricks = sum(r["brick_seconds"] for r in rows)
     without_reuse = bricks + sum(r["reuse_saved_seconds"] for r in rows)
+    # The machine's own noise floor: the two whole-model references of the same model, in the same run.
+    references = [reference_gap_pct(r) for r in rows if r["measured_ms"] and r["plain_session_ms"]]
     return {
         "models": len(rows),
         "within_2pct": share_within(errors, 2), "within_5pct": share_within(errors, 5),
@@ -191,8 +194,15 @@ def summarize(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "speedup": whole / bricks if bricks else None,
         "speedup_without_reuse": whole / without_reuse if without_reuse else None,
         "unique_bricks": sum(r["unique_bricks"] for r in rows), "reused_bricks": sum(r["reused_bricks"] for r in rows),
+        "references_gap_median_pct": statistics.median(references) if references else None,
+        "references_within_5pct": share_within(references, 5),
         "wall_seconds": wall,
     }
+
+
+def reference_gap_pct(row: dict[str, Any]) -> float:
+    """How far LoadGen's p50 and the plain session of one model are apart, in % of the plain session."""
+    return abs(row["measured_ms"] / row["plain_session_ms"] - 1) * 100
 
 
 def _pct(share: float | None) -> str:
@@ -218,6 +228,10 @@ def print_figures(rows: list[dict[str, Any]], held: list[dict[str, Any]], summar
           f"{_pct(summary['within_2pct'])}, within 10%: {_pct(summary['within_10pct'])} (LoadGen p50); against the "
           f"plain session: {_pct(summary['plain_within_5pct'])}, {_pct(summary['plain_within_2pct'])}, "
           f"{_pct(summary['plain_within_10pct'])}")
+    if summary["references_gap_median_pct"] is not None:
+        print(f"noise floor: LoadGen's p50 and the plain session of the same model are a median "
+              f"{summary['references_gap_median_pct']:.1f}% apart (within 5% for {_pct(summary['references_within_5pct'])}"
+              f" of the models); errors smaller than that are not resolved on this machine")
     print(f"benchmarking time: whole models {summary['whole_model_seconds']:.1f} s, bricks "
           f"{summary['brick_seconds']:.1f} s (reuse included; {summary['brick_seconds_without_reuse']:.1f} s without), "
           f"speedup {_x(summary['speedup'])} ({_x(summary['speedup_without_reuse'])} without reuse)")

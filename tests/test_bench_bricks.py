@@ -56,6 +56,9 @@ def test_the_suite_is_the_models_then_the_zoo_family_without_the_held_out(figure
     assert summary["within_2pct"] <= summary["within_5pct"] <= summary["within_10pct"]
     assert summary["speedup"] > 0 and summary["speedup_without_reuse"] > 0
     assert summary["speedup_without_reuse"] <= summary["speedup"]  # reuse only saves time
+    gaps = sorted(abs(m["measured_ms"] / m["plain_session_ms"] - 1) * 100 for m in figures["models"])
+    assert summary["references_gap_median_pct"] == pytest.approx(sum(gaps) / 2)  # two models: their mean
+    assert summary["references_within_5pct"] == sum(g <= 5 for g in gaps) / 2
 
 
 def test_the_machine_and_the_settings_are_recorded(figures: dict[str, Any]) -> None:
