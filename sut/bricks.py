@@ -144,9 +144,12 @@ def _refuse_control_flow(model: Any, where: str) -> None:
                                 f"kernels on fixed shapes")
 
 
-def capture(model: Any, feeds: dict[str, np.ndarray], session_options: Any, providers: Sequence[str]) -> dict[str, np.ndarray]:
-    """Every tensor of one run of `model` (a ModelProto) on `feeds`: the graph's inputs, initializers'
-    consumers' inputs and every node output, by name."""
+def capture(model: Any, feeds: Sequence[dict[str, np.ndarray]], session_options: Any,
+            providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """Every tensor of a run of `model` (a ModelProto) on each of `feeds`: the graph's inputs,
+    initializers' consumers' inputs and every node output, by name. One session serves every run: for a
+    model of large weights (vgg-16's 528 MB) the copy, serialization and session set-up are most of
+    decomposing it, and were paid again for the second samples."""
     import onnx
     import onnxruntime as ort
 
@@ -158,9 +161,12 @@ def capture(model: Any, feeds: dict[str, np.ndarray], session_options: Any, prov
     session_options.graph_optimization_level = ort_level(AS_EXECUTED)
     session = ort.InferenceSession(exposed.SerializeToString(), session_options, providers=list(providers))
     wanted = {i.name for i in session.get_inputs()}
-    values = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
-    values.update(feeds)
-    return values
+    captured = []
+    for feed in feeds:
+        values = dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in wanted})))
+        values.update(feed)
+        captured.append(values)
+    return captured
 
 
 def decompose(model: Any, feeds: dict[str, np.ndarray], check_feeds: dict[str, np.ndarray] | None,
@@ -169,9 +175,10 @@ def decompose(model: Any, feeds: dict[str, np.ndarray], check_feeds: dict[str, n
     (other samples at the same shapes) find nodes whose output shape depends on the data, which cannot
     be bricks. A refusal is one line naming the node."""
     _refuse_control_flow(model, where)
-    values = capture(model, feeds, session_options(), providers)
-    if check_feeds is not None:
-        _refuse_data_dependent_shapes(model, values, capture(model, check_feeds, session_options(), providers), where)
+    values, *checked = capture(model, [feeds] + ([check_feeds] if check_feeds is not None else []),
+                               session_options(), providers)
+    if checked:
+        _refuse_data_dependent_shapes(model, values, checked[0], where)
     initializers = {init.name: init for init in model.graph.initializer}
     bricks: dict[str, Brick] = {}
     order: list[tuple[str, str, list[str], list[str]]] = []
