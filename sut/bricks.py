@@ -148,7 +148,7 @@ def capture(model: Any, feeds: Sequence[dict[str, np.ndarray]], session_options:
             providers: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """Every tensor of a run of `model` (a ModelProto) on each of `feeds`: the graph's inputs,
     initializers' consumers' inputs and every node output, by name. One session serves every run: for a
-    model of large weights (vgg-16's 528 MB) the copy, serialization and session set-up are most of
+    model of large weights (vgg-16's 528 MiB) the copy, serialization and session set-up are most of
     decomposing it, and were paid again for the second samples."""
     import onnx
     import onnxruntime as ort
