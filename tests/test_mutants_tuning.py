@@ -4,7 +4,25 @@ documentation states them, on the functions themselves (pure functions of their 
 no stand-in)."""
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlharness.errors import RunFailed, UserError
+from mlharness.records.payloads import Performance
 from mlharness.running import tuning
+from mlharness.running.request import RunRequest
+
+
+@dataclass
+class _Record:
+    """What run_search reads of a run's record (its id and performance summary), as RunRecord has them."""
+    run_id: str
+    perf: Performance
+
+
+def _settings_of(request: RunRequest) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in request.overrides)
 
 
 def test_a_gain_of_exactly_min_gain_is_not_better() -> None:
@@ -64,3 +82,62 @@ def test_each_scenario_searches_its_dimensions_in_order() -> None:
                                            ("workers", [1, 2], True)]
     assert searched("MultiStream", "null") == [("intra_op_threads", [1, 2], True), ("workers", [1, 2], True)]
     assert searched("SingleStream", "null") == [("intra_op_threads", [1, 2], True)]
+
+
+def test_an_offline_trial_is_sized_by_the_best_rate_before_it() -> None:
+    """An Offline trial's one query is sized by `target_qps`: the highest rate of the trials before it
+    (a failed one has none), as six significant figures; the first trial keeps the manifest's. Each
+    trial's seconds lie within the search's. (_Trials with the scenario compared wrongly, the rate
+    not kept, kept as None, started from 1.0 instead of 0.0 (the rates here are below 1/s); seconds
+    as monotonic() + start; the settings said joined by "XX, XX".)"""
+    rates = {"1": 0.5, "2": 0.987654321, "4": 0.75}
+    seen: list[tuple[str | None, float | None]] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        settings = _settings_of(request)
+        value = rates.get(settings["max_batch_size"])
+        seen.append((settings.get("target_qps"), value))
+        if value is None:
+            raise UserError("run failed: this batch size crashed")
+        return _Record(f"run-{len(seen)}", Performance.from_dict({"samples_per_second": value}))
+
+    lines: list[str] = []
+    began = time.monotonic()
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 1}, "null", 1,
+                               run_trial, say=lines.append)
+    elapsed = time.monotonic() - began
+    assert seen[0] == (None, 0.5) and len(seen) > 5 and any(value is None for _, value in seen)
+    for at in range(1, len(seen)):
+        best_before = max(value for _, value in seen[:at] if value is not None)
+        assert seen[at][0] == f"{best_before:.6g}", (at, seen)
+    assert "0.987654" in [rate for rate, _ in seen]  # after batch 2's trial
+    assert all(0.0 <= trial.seconds <= elapsed for trial in search.trials)
+    assert lines[1] == "  trial 2: intra_op_threads=1, max_batch_size=1 -> 0.5 samples_per_second"
+
+
+def test_each_trial_is_said_in_one_line() -> None:
+    """`trial N[ (confirm)]: settings (unset ones left out; none: defaults) -> figure` or the failure.
+    (_Trials saying None, no settings, the unset ones only, " (confirm)" never, always, inverted or
+    reworded, "defaults" lost, the figure never said.) The start runs with threads unset; one thread
+    is a near-equal (within 5%), so the two are confirmed in three rounds; two threads fail, and the
+    failed trial keeps the failed run's id (_Trials._attempt dropping the record's run_id)."""
+    lines: list[str] = []
+    p90 = {None: 1500.0, "1": 1520.0}
+
+    def run_trial(request: RunRequest) -> _Record:
+        threads = _settings_of(request).get("intra_op_threads")
+        assert "target_qps" not in _settings_of(request)  # SingleStream: only Offline sizes its query
+        if threads == "2":
+            raise RunFailed("run failed: two threads crashed\nthe rest of the message",
+                            _Record("failed-run", Performance.from_dict({})))
+        return _Record("run", Performance.from_dict({"p90_latency_ns": p90[threads]}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": None}, "null",
+                               2, run_trial, say=lines.append)
+    assert (search.trials[2].status, search.trials[2].run_id) == ("failed", "failed-run")
+    start, one = "defaults -> 1,500 p90_latency_ns", "intra_op_threads=1 -> 1,520 p90_latency_ns"
+    assert lines == [f"  trial 1: {start}", f"  trial 2: {one}",
+                     "  trial 3: intra_op_threads=2 -> failed: run failed: two threads crashed",
+                     f"  trial 4 (confirm): {start}", f"  trial 5 (confirm): {one}",
+                     f"  trial 6 (confirm): {one}", f"  trial 7 (confirm): {start}",
+                     f"  trial 8 (confirm): {start}", f"  trial 9 (confirm): {one}"]
