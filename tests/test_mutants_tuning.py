@@ -4,9 +4,11 @@ documentation states them, on the functions themselves (pure functions of their 
 no stand-in)."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
-from typing import Any
+
+import pytest
 
 from mlharness.errors import RunFailed, UserError
 from mlharness.records.payloads import Performance
@@ -141,3 +143,40 @@ def test_each_trial_is_said_in_one_line() -> None:
                      f"  trial 4 (confirm): {start}", f"  trial 5 (confirm): {one}",
                      f"  trial 6 (confirm): {one}", f"  trial 7 (confirm): {start}",
                      f"  trial 8 (confirm): {start}", f"  trial 9 (confirm): {one}"]
+
+
+def test_the_start_is_not_run_again_by_an_unordered_dimension_whatever_its_keys_order() -> None:
+    """ONNX Runtime's session options are unordered: every value is a candidate, the start's own among
+    them, which is not run a second time in the search, though the start's keys are not in sorted order.
+    (run_search marking json.dumps(None) as tried, or the start unsorted.)"""
+    runs: list[str] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        runs.append(json.dumps(_settings_of(request), sort_keys=True))
+        return _Record("run", Performance.from_dict({"p90_latency_ns": 1_000_000.0}))
+
+    start = {"intra_op_threads": 0, "graph_optimization": "all", "execution_mode": "sequential"}
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), start, "onnxruntime", 1, run_trial,
+                               say=lambda _: None)
+    searched = runs[:len([t for t in search.trials if t.phase == "search"])]
+    # the start, 1 thread, then graph_optimization extended and basic, then execution_mode parallel
+    assert len(searched) == 5 and len(set(searched)) == 5
+
+
+def test_a_run_without_the_objectives_figure_is_a_trial_without_one() -> None:
+    """A run whose record has no performance summary, or one without the figure searched on, is a
+    trial with status "no figure" and no value; the start stays best. (_Attempt reading a missing
+    summary, or calling every trial "ok", or rewording "no figure".)"""
+    def run_trial(request: RunRequest) -> _Record:
+        threads = _settings_of(request).get("intra_op_threads")
+        if threads == "1":
+            return _Record("no-summary", None)
+        if threads == "2":
+            return _Record("other-figure", Performance.from_dict({"samples_per_second": 5.0}))
+        return _Record("start", Performance.from_dict({"p90_latency_ns": 1_000_000.0}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 0}, "null", 2,
+                               run_trial, say=lambda _: None)
+    assert [(t.run_id, t.status, t.value) for t in search.trials] == [
+        ("start", "ok", 1_000_000.0), ("no-summary", "no figure", None), ("other-figure", "no figure", None)]
+    assert search.best is search.start and search.best.run_id == "start"
