@@ -180,3 +180,34 @@ def test_a_run_without_the_objectives_figure_is_a_trial_without_one() -> None:
     assert [(t.run_id, t.status, t.value) for t in search.trials] == [
         ("start", "ok", 1_000_000.0), ("no-summary", "no figure", None), ("other-figure", "no figure", None)]
     assert search.best is search.start and search.best.run_id == "start"
+
+
+def test_an_unordered_dimension_tries_every_value_however_many_miss() -> None:
+    """"An unordered one tries every value": no plateau ends it. With the session options left out of
+    the start, all three graph optimization levels are tried though the first two are no better.
+    From "basic" they are tried in their listed order, not outward from it: "all" first, which wins
+    the tie with "extended". (walk_dimension walking every dimension outward, or listing None.)"""
+    runs: list[dict[str, str]] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        runs.append(_settings_of(request))
+        return _Record("run", Performance.from_dict({"p90_latency_ns": 1_000_000.0}))
+
+    tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 1}, "onnxruntime", 1,
+                      run_trial, say=lambda _: None)
+    # the start (one thread, the only value on one CPU), the three levels, the two modes
+    assert [r.get("graph_optimization") for r in runs[:4]] == [None, "all", "extended", "basic"]
+    assert [r.get("execution_mode") for r in runs[4:6]] == ["sequential", "parallel"]
+
+    runs.clear()
+
+    def run_trial_basic_slower(request: RunRequest) -> _Record:
+        runs.append(_settings_of(request))
+        slow = _settings_of(request)["graph_optimization"] == "basic"
+        return _Record("run", Performance.from_dict({"p90_latency_ns": 1_000_000.0 if slow else 950_000.0}))
+
+    start = {"intra_op_threads": 1, "graph_optimization": "basic", "execution_mode": "sequential"}
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), start, "onnxruntime", 1,
+                               run_trial_basic_slower, say=lambda _: None)
+    assert [r["graph_optimization"] for r in runs[:3]] == ["basic", "all", "extended"]
+    assert search.best.settings["graph_optimization"] == "all"
