@@ -211,3 +211,47 @@ def test_an_unordered_dimension_tries_every_value_however_many_miss() -> None:
                                run_trial_basic_slower, say=lambda _: None)
     assert [r["graph_optimization"] for r in runs[:3]] == ["basic", "all", "extended"]
     assert search.best.settings["graph_optimization"] == "all"
+
+
+def test_a_configuration_found_in_one_dimension_is_not_run_again_by_the_next() -> None:
+    """One thread wins the threads dimension; the session options' dimensions (unordered: every value)
+    then reach that same configuration again, which is not run a second time. (walk_dimension not
+    recording what it ran.)"""
+    runs: list[str] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        settings = _settings_of(request)
+        runs.append(json.dumps(settings, sort_keys=True))
+        return _Record("run", Performance.from_dict({"p90_latency_ns": 900_000.0 if settings["intra_op_threads"] == "1"
+                                                     else 1_000_000.0}))
+
+    start = {"intra_op_threads": 0, "graph_optimization": "all", "execution_mode": "sequential"}
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), start, "onnxruntime", 1, run_trial,
+                               say=lambda _: None)
+    searched = runs[:len([t for t in search.trials if t.phase == "search"])]
+    assert search.best.settings["intra_op_threads"] == 1
+    assert len(searched) == 5 and len(set(searched)) == 5  # start, 1 thread, extended, basic, parallel
+
+
+def test_the_best_batch_sizes_neighbours_include_the_smallest_and_leave_out_a_failed_one() -> None:
+    """Batch 2 wins from 8: its neighbours 1 (the first of the batch sizes) and 4 are confirmed with it.
+    Batch 4 wins from 8 with the start's keys not in sorted order, and batch 2 failed: 2 is left out.
+    (batch_neighbours skipping index 0, or keying the failed trials unsorted.)"""
+    def searched(figures: dict[str, float | None], start: dict[str, int]) -> tuning.Search:
+        def run_trial(request: RunRequest) -> _Record:
+            settings = {k: v for k, v in _settings_of(request).items() if k != "target_qps"}
+            alone = settings.keys() == start.keys() and settings.get("workers", "1") == "1"  # only batch varies
+            value = figures.get(settings["max_batch_size"], 50.0) if alone else 50.0
+            if value is None:
+                raise UserError("run failed: this batch size crashed")
+            return _Record("run", Performance.from_dict({"samples_per_second": value}))
+
+        return tuning.run_search(RunRequest(model="m", scenario="Offline"), start, "null", 1, run_trial,
+                                 say=lambda _: None)
+
+    two = searched({"8": 100.0, "4": 130.0, "2": 160.0, "1": 120.0}, {"max_batch_size": 8})
+    assert [c["settings"] for c in two.confirm_scores] == [{"max_batch_size": 8}, {"max_batch_size": 2},
+                                                           {"max_batch_size": 1}, {"max_batch_size": 4}]
+    four = searched({"8": 100.0, "4": 130.0, "2": None}, {"workers": 1, "max_batch_size": 8})
+    assert four.best.settings == {"workers": 1, "max_batch_size": 4}
+    assert [c["settings"]["max_batch_size"] for c in four.confirm_scores] == [8, 4]
