@@ -236,7 +236,8 @@ def test_a_configuration_found_in_one_dimension_is_not_run_again_by_the_next() -
 def test_the_best_batch_sizes_neighbours_include_the_smallest_and_leave_out_a_failed_one() -> None:
     """Batch 2 wins from 8: its neighbours 1 (the first of the batch sizes) and 4 are confirmed with it.
     Batch 4 wins from 8 with the start's keys not in sorted order, and batch 2 failed: 2 is left out.
-    (batch_neighbours skipping index 0, or keying the failed trials unsorted.)"""
+    (batch_neighbours skipping index 0, reading past the end, or keying the failed trials or the
+    neighbours unsorted.)"""
     def searched(figures: dict[str, float | None], start: dict[str, int]) -> tuning.Search:
         def run_trial(request: RunRequest) -> _Record:
             settings = {k: v for k, v in _settings_of(request).items() if k != "target_qps"}
@@ -255,3 +256,7 @@ def test_the_best_batch_sizes_neighbours_include_the_smallest_and_leave_out_a_fa
     four = searched({"8": 100.0, "4": 130.0, "2": None}, {"workers": 1, "max_batch_size": 8})
     assert four.best.settings == {"workers": 1, "max_batch_size": 4}
     assert [c["settings"]["max_batch_size"] for c in four.confirm_scores] == [8, 4]
+    # the largest batch size has one neighbour (batch_neighbours reading past the end)
+    largest = searched({"8": 100.0, "16": 110.0, "32": 120.0, "64": 130.0}, {"max_batch_size": 8})
+    assert [c["settings"] for c in largest.confirm_scores] == [{"max_batch_size": 8}, {"max_batch_size": 64},
+                                                               {"max_batch_size": 32}]
