@@ -260,3 +260,17 @@ def test_the_best_batch_sizes_neighbours_include_the_smallest_and_leave_out_a_fa
     largest = searched({"8": 100.0, "16": 110.0, "32": 120.0, "64": 130.0}, {"max_batch_size": 8})
     assert [c["settings"] for c in largest.confirm_scores] == [{"max_batch_size": 8}, {"max_batch_size": 64},
                                                                {"max_batch_size": 32}]
+
+
+def test_the_runners_up_are_two_configurations_besides_the_start_and_the_best() -> None:
+    """Within 5% of the best (970 ns): the start (1000), two threads (1005) and four (1010). The start
+    is confirmed anyway; the two runners-up are the other two, not the start or the best again, though
+    the start's keys are not in sorted order. (runners_up not counting the start or the best as seen.)"""
+    p90 = {"0": 1000.0, "1": 970.0, "2": 1005.0, "4": 1010.0}
+
+    def run_trial(request: RunRequest) -> _Record:
+        return _Record("run", Performance.from_dict({"p90_latency_ns": p90[_settings_of(request)["intra_op_threads"]]}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"workers": 1, "intra_op_threads": 0},
+                               "null", 4, run_trial, say=lambda _: None)
+    assert [c["settings"]["intra_op_threads"] for c in search.confirm_scores] == [0, 1, 2, 4]
