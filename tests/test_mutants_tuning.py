@@ -274,3 +274,17 @@ def test_the_runners_up_are_two_configurations_besides_the_start_and_the_best() 
     search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"workers": 1, "intra_op_threads": 0},
                                "null", 4, run_trial, say=lambda _: None)
     assert [c["settings"]["intra_op_threads"] for c in search.confirm_scores] == [0, 1, 2, 4]
+
+
+def test_a_configuration_exactly_five_percent_off_the_best_is_a_runner_up() -> None:
+    """"within RUNNER_UP_MARGIN of the best's": 1050 ns against 1000 is exactly 5% (as floats too) and
+    is confirmed against the start; 1100 is not. (runners_up with < for <=.)"""
+    assert abs(1050.0 - 1000.0) == tuning.RUNNER_UP_MARGIN * 1000.0
+    p90 = {"0": 1000.0, "1": 1050.0, "2": 1100.0}
+
+    def run_trial(request: RunRequest) -> _Record:
+        return _Record("run", Performance.from_dict({"p90_latency_ns": p90[_settings_of(request)["intra_op_threads"]]}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 0}, "null", 2,
+                               run_trial, say=lambda _: None)
+    assert [c["settings"] for c in search.confirm_scores] == [{"intra_op_threads": 0}, {"intra_op_threads": 1}]
