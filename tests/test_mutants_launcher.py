@@ -126,3 +126,21 @@ def test_a_staging_folder_whose_owner_is_another_live_process_is_not_abandoned(t
         child.kill()
         child.wait()
     assert not owner_alive(tmp_path)
+
+
+def test_the_exit_waiter_falls_back_to_popen_where_pidfd_open_fails() -> None:
+    """pidfd_open fails for a child already reaped (ProcessLookupError, an OSError, as it does on a kernel
+    without it): the waiter keeps no descriptor and asks Popen, which has the status. The launcher's
+    mutation run at 24f27bb found the fallback untested (_ExitWaiter.__init__: fd "" instead of None)."""
+    import subprocess
+    import sys
+
+    from mlharness.running.launcher import _ExitWaiter
+
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])
+    assert child.wait(120) == 4
+    waiter = _ExitWaiter(child)
+    assert waiter.fd is None
+    assert waiter(0.0) == 4
+    waiter.close()
+    waiter.close()  # closing twice is harmless
