@@ -86,6 +86,20 @@ def test_each_scenario_searches_its_dimensions_in_order() -> None:
     assert searched("SingleStream", "null") == [("intra_op_threads", [1, 2], True)]
 
 
+def test_the_models_own_batch_size_is_a_candidate_and_the_walk_starts_from_it() -> None:
+    """A manifest's max_batch_size of 128 or 48 is searched with the powers of two: the walk goes out from
+    it (before, a start off the scale walked up from 1 and 128 was never tried)."""
+    def batches(own: int | None) -> list[int]:
+        found = dict((key, values) for key, values, _ in tuning.dimensions("Offline", "null", 2,
+                                                                           {} if own is None else {"max_batch_size": own}))
+        return found["max_batch_size"]
+
+    assert batches(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert batches(48) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert batches(None) == batches(1) == [1, 2, 4, 8, 16, 32, 64]
+    assert tuning.outward(batches(128), 128) == [[64, 32, 16, 8, 4, 2, 1], []]
+
+
 def test_an_offline_trial_is_sized_by_the_best_rate_before_it() -> None:
     """An Offline trial's one query is sized by `target_qps`: the highest rate of the trials before it
     (a failed one has none), as six significant figures; the first trial keeps the manifest's. Each

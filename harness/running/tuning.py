@@ -96,7 +96,8 @@ def dimensions(scenario: str, backend: str, cpus: int, start: dict[str, Any]) ->
     threads = sorted({1, cpus, *(2 ** k for k in range(1, 7) if 2 ** k < cpus)})
     found: list[tuple[str, list[Any], bool]] = [("intra_op_threads", threads, True)]
     if scenario in ("Offline", "Server"):
-        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max(64, int(start.get("max_batch_size") or 1))]
+        # the model's own batch size is a candidate too (96, 128, 48...), so the walk starts from it
+        batches = sorted({1, 2, 4, 8, 16, 32, 64, int(start.get("max_batch_size") or 1)})
         found.append(("max_batch_size", batches, True))
     if scenario in ("Offline", "Server", "MultiStream"):
         found.append(("workers", [1, 2], True))
