@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import socket
 import subprocess
 import sys
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.network_support import stop_process
+from tests.network_support import read_until, stop_process
 
 READY = re.compile(r"Uvicorn running on (?P<url>http://\S+)")
 START_BOUND_S = 120.0  # a bound on the server's start on a loaded 2-core machine, never a verdict
@@ -80,20 +78,6 @@ def _drain(process: subprocess.Popen, log: list[str]) -> None:
 
 
 def _wait_ready(process: subprocess.Popen, log: list[str]) -> None:
-    assert process.stderr is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + START_BOUND_S
-    try:
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = process.stderr.readline()
-            if not line:
-                break
-            log.append(line)
-            if READY.search(line):
-                return
-    finally:
-        selector.close()
-    raise AssertionError(f"llama.cpp's server did not start within {START_BOUND_S:.0f} s: {''.join(log)[-2000:]}")
+    if read_until(process, log, READY, START_BOUND_S) is None:
+        raise AssertionError(f"llama.cpp's server did not start within {START_BOUND_S:.0f} s (exit {process.poll()}): "
+                             f"{''.join(log)[-2000:]}")

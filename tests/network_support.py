@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,23 +82,35 @@ def mlharness_serve(model: str, *args: str, http: bool = True, grpc: bool = True
         stop_process(process, served.log, served.drain)
 
 
-def _wait_ready(process: subprocess.Popen, log: list[str]) -> list[str]:
+def read_until(process: subprocess.Popen, log: list[str], pattern: re.Pattern[str], bound_s: float) -> re.Match[str] | None:
+    """The first line of the process's stderr matching `pattern`, None if it ended first or `bound_s` s
+    passed (a bound, never a verdict). Lines are read by a thread with the pipe's own readline: a select()
+    on the pipe beside a buffered readline misses lines already in the buffer (two lines written at once,
+    the second never seen, as a loaded machine showed). What follows the match stays in the pipe's buffer."""
     assert process.stderr is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + START_BOUND_S
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = process.stderr.readline()
-        if not line:  # the server exited before it said it was serving
-            break
-        log.append(line)
-        match = READY.search(line.strip())
-        if match:
-            selector.close()
-            return match["where"].split()
-    selector.close()
+    found: list[re.Match[str]] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            log.append(line)
+            match = pattern.search(line.strip())
+            if match:
+                found.append(match)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(bound_s)
+    if reader.is_alive():  # still waiting: stopping the process ends its pipe, and the reader with it
+        stop_process(process, log)
+        reader.join(10)
+    return found[0] if found else None
+
+
+def _wait_ready(process: subprocess.Popen, log: list[str]) -> list[str]:
+    match = read_until(process, log, READY, START_BOUND_S)
+    if match:
+        return match["where"].split()
     stop_process(process, log)
     raise AssertionError(f"mlharness serve did not start (exit {process.returncode}): {''.join(log)[-2000:]}")
 
@@ -118,19 +128,10 @@ def checkout_env() -> dict[str, str]:
 
 def wait_line(process: subprocess.Popen, log: list[str], pattern: re.Pattern[str], bound_s: float) -> re.Match[str]:
     """The first line of the process's stderr that matches `pattern` (at most `bound_s` seconds)."""
-    assert process.stderr is not None
-    deadline = time.monotonic() + bound_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stderr, selectors.EVENT_READ)
-        while selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            line = process.stderr.readline()
-            if not line:
-                break
-            log.append(line)
-            match = pattern.search(line.strip())
-            if match:
-                return match
-    raise AssertionError(f"no line matching {pattern.pattern!r} (exit {process.poll()}): {''.join(log)[-2000:]}")
+    match = read_until(process, log, pattern, bound_s)
+    if match is None:
+        raise AssertionError(f"no line matching {pattern.pattern!r} (exit {process.poll()}): {''.join(log)[-2000:]}")
+    return match
 
 
 def finish(process: subprocess.Popen, bound_s: float = RUN_BOUND_S) -> tuple[int, str]:
