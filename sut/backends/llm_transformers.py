@@ -95,33 +95,22 @@ class TransformersLLMBackend(Backend):
         spec = self.model.generation
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from the GGUF file; never the hub
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
+
+        from mlharness.sut.llm import gguf_unpacked
 
         if self.intra_op_threads:
             torch.set_num_threads(self.intra_op_threads)
         hf_logging.disable_progress_bar()
-        folder, name = str(Path(weights).parent), Path(weights).name
-        # transformers' GGUF reader draws a tqdm bar of its own on stderr (not its logging's): silence it.
-        import functools
-
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-        bar = getattr(gguf_utils, "tqdm", None)
-        if bar is not None:
-            gguf_utils.tqdm = functools.partial(bar, disable=True)
         self.weights = weights
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            self.tokenizer = gguf_unpacked.load_tokenizer(weights)
             if spec.chat_template:  # a template that will not render fails before the weights load
                 self._chat_text("probe")
-            self.lm = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+            self.lm = gguf_unpacked.load_model(weights)
         except (ValueError, OSError, KeyError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"sources.weights: transformers cannot load {weights}: {first}") from None
-        finally:
-            if bar is not None:
-                gguf_utils.tqdm = bar
         self.lm.eval()
         self._torch = torch
         own_window = int(getattr(self.lm.config, "max_position_embeddings", 0) or 0)

@@ -50,10 +50,11 @@ def load_text_tokenizer(model: ModelManifest, sources: dict[str, Any]) -> TextTo
                              vocab.token_eos() if vocab.token_eos() >= 0 else None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from the GGUF file; never the hub
     import transformers
-    from transformers import AutoTokenizer
+
+    from mlharness.sut.llm import gguf_unpacked
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(Path(weights).parent), gguf_file=Path(weights).name)
+        tokenizer = gguf_unpacked.load_tokenizer(Path(weights))
     except (ValueError, OSError, KeyError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"sources.weights: transformers cannot read the tokenizer of {weights}: {first}") from None
