@@ -55,9 +55,10 @@ run: setup
 
 # The suite in parallel (pytest-xdist): one worker more than the CPUs, at most 4 (each worker loads its own
 # frameworks; many tests wait on run processes and servers, and the extra worker fills that time), a test
-# module's tests on one worker (they share module fixtures: models, servers, a Ray cluster).
+# module's tests on one worker (they share module fixtures: models, servers, a Ray cluster), in the order
+# tests/conftest.py sorts them (longest first; xdist would otherwise reorder them by test count).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-PARALLEL := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
+PARALLEL := -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 test: setup-test
 	$(PY) -m pytest -q $(PARALLEL) tests
 

@@ -19,13 +19,15 @@ from tests.support import copy_specs  # noqa: E402
 _OUTSIDE = ("GITHUB_STEP_SUMMARY",)
 
 
-# The modules that hold a worker longest (minutes each, by pytest --durations on a 2-core machine) start
-# first: under pytest-xdist's loadfile distribution a long module started last is one worker's tail while
-# the others sit idle. Order only; every test still runs.
-_LONGEST_FIRST = ("test_tuning", "test_cluster", "test_openai_faults", "test_llm_batching", "test_real_models",
-                  "test_network_peers", "test_openai_serve", "test_scenarios", "test_openai_endpoint",
-                  "test_network_faults", "test_profiling", "test_llm_llamacpp", "test_bad_input_round3",
-                  "test_faults", "test_user_errors", "test_native_handoff", "test_zoo")
+# The modules that hold a worker longest (their tests' summed durations in a make test on a 2-core machine,
+# 2026-11-29) start first: under pytest-xdist's loadfile distribution a long module started last is one
+# worker's tail while the others sit idle. make test passes --no-loadscope-reorder, without which xdist
+# sorts the modules by their number of tests instead. Order only; every test still runs.
+_LONGEST_FIRST = ("test_cluster", "test_tuning", "test_openai_endpoint", "test_gguf_unpacked", "test_openai_faults",
+                  "test_bad_input_round3", "test_faults", "test_network_faults", "test_scenarios", "test_openai_serve",
+                  "test_launcher_rules", "test_llm_summaries", "test_network_peers", "test_real_models",
+                  "test_llm_profiling", "test_llm_llamacpp", "test_zoo", "test_site", "test_profiling", "test_threads",
+                  "test_native_handoff", "test_queue_model", "test_bench_bricks", "test_user_errors", "test_sweep")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
