@@ -13,6 +13,7 @@ from typing import Any
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK
+FOLDER_MODE = 0o777 & ~_UMASK  # what an ordinary mkdir() gives, for folders made by mkdtemp (owner only)
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:

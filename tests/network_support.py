@@ -101,9 +101,8 @@ def read_until(process: subprocess.Popen, log: list[str], pattern: re.Pattern[st
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(bound_s)
-    if reader.is_alive():  # still waiting: stopping the process ends its pipe, and the reader with it
-        stop_process(process, log)
-        reader.join(10)
+    if reader.is_alive():  # still waiting: stopping the process ends its pipe, and the reader (its drain) with it
+        stop_process(process, log, reader)
     return found[0] if found else None
 
 

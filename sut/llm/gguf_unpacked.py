@@ -22,13 +22,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from mlharness.atomic_io import FOLDER_MODE
 from mlharness.errors import UserError
 from mlharness.specs import artifacts
 
 FORMAT = 1  # bump when what an entry holds changes
 _PROVENANCE = "provenance.json"
-_UMASK = os.umask(0o022)  # read once (setting it is process-wide), put back at once
-os.umask(_UMASK)
 
 
 def load_tokenizer(weights: Path) -> Any:
@@ -85,7 +84,7 @@ def _entry(weights: Path, part: str, packages: tuple[str, ...], unpack: Callable
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
-        os.chmod(staging, 0o777 & ~_UMASK)  # mkdtemp's folder is its owner's alone; the cache may be shared
+        os.chmod(staging, FOLDER_MODE)  # mkdtemp's folder is its owner's alone; the cache may be shared
     except OSError as exc:
         raise UserError(f"{root}: cannot unpack {weights.name} into the artifact cache ($MLHARNESS_CACHE): "
                         f"{exc.strerror or exc}") from None
