@@ -301,12 +301,15 @@ def test_bricks_of_a_users_model_measured_then_reused_from_the_database(tmp_path
     # Again: every brick comes from the database, nothing is measured, the medians are the stored ones.
     assert run_cli(*args) == 0
     second = _bricks_json(_bricks_runs(results)[-1])
-    # A brick stored unstable after only its first look, which the first estimate did not refine, is
-    # measured again by design (bricks.refine.reopenable); how many there are depends on the machine's noise.
-    reopen = {b["key"] for b in first["bricks"] if not b["stable"] and b["repeats"] <= bt.ConfidenceRule().min_repeats}
+    # A brick stored unstable after only its first look (bricks.refine.reopenable) may be measured again,
+    # when it weighs most in an estimate still outside its tolerance; whether any is depends on the noise.
+    # Every other brick is reused, and with no such brick nothing is measured at all.
+    reopenable = {b["key"] for b in first["bricks"]
+                  if not b["stable"] and b["repeats"] <= bt.ConfidenceRule().min_repeats}
+    reopen = {b["key"] for b in second["bricks"] if not b["reused"]}
+    assert reopen <= reopenable
     assert (second["summary"]["reused_bricks"], second["summary"]["measured_bricks"]) == (
         summary["unique_bricks"] - len(reopen), len(reopen))
-    assert {b["key"] for b in second["bricks"] if not b["reused"]} == reopen
     assert (second["summary"]["brick_seconds"] == 0) == (not reopen) and second["summary"]["reuse_saved_seconds"] > 0
     assert ({b["key"]: b["median_ms"] for b in second["bricks"] if b["key"] not in reopen}
             == {b["key"]: b["median_ms"] for b in first["bricks"] if b["key"] not in reopen})
