@@ -330,6 +330,35 @@ def test_failed_candidates_are_recorded_and_the_start_must_work() -> None:
                           _objective("samples_per_second", lambda s: None, []), say=lambda _: None)
 
 
+def test_an_offline_trial_is_sized_to_its_configurations_own_rate_once_it_has_one() -> None:
+    """Offline's one query is sized by target_qps: a configuration not run yet gets the best rate so
+    far, one run before (the confirmation rounds) its own best rate, so a start 100 times slower than
+    the best is not held for 100 trial lengths."""
+    sized: list[tuple[str, float | None]] = []
+
+    def throughput(settings: dict) -> float:
+        return {1: 10.0, 2: 20.0, 4: 1000.0, 8: 900.0, 16: 800.0}[int(settings["max_batch_size"])]
+
+    objective = _objective("samples_per_second", throughput, [])
+
+    def run_trial(request: RunRequest) -> _Record:
+        rates = [float(item.split("=", 1)[1]) for item in request.overrides if item.startswith("target_qps=")]
+        batch = next(item.split("=", 1)[1] for item in request.overrides if item.startswith("max_batch_size="))
+        sized.append((batch, rates[0] if rates else None))
+        return objective(request)
+
+    start = {"max_batch_size": 1}
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), start, "null", 1, run_trial,
+                               say=lambda _: None)
+    assert search.best is not None and search.best.settings["max_batch_size"] == 4
+    searching = sized[:-len(search.confirm_scores) * tuning.CONFIRM_ROUNDS]
+    assert searching[0] == ("1", None) and ("4", 20.0) in searching and ("8", 1000.0) in searching
+    assert all(rate == max(throughput({"max_batch_size": b}) for b, _ in searching[:i])
+               for i, (_, rate) in enumerate(searching) if i)  # each new one: the best rate before it
+    confirming = sized[len(searching):]
+    assert confirming and all(rate == throughput({"max_batch_size": batch}) for batch, rate in confirming)
+
+
 def test_server_is_searched_on_the_p99_at_the_runs_own_rate() -> None:
     """Server: batch size and workers are searched like Offline's, the objective is the p99 latency
     (lower), and the trials keep the rate the user set (no target_qps of the search's own)."""

@@ -147,12 +147,18 @@ class _Trials:
                  say: Callable[[str], None], repeats: int):
         self.base, self.search, self.figure = base, search, figure
         self.run_trial, self.say, self.repeats = run_trial, say, repeats
-        self.target_qps: float | None = None  # Offline: the best rate yet, which sizes a trial's one query
+        # Offline: a trial's one query is sized to the configuration's own rate when it has run before,
+        # else to the best rate yet; the best alone would hold a slow start's confirmation runs for
+        # (best / its rate) times the trial's length.
+        self.target_qps: float | None = None
+        self.rates: dict[str, float] = {}
 
     def __call__(self, settings: dict[str, Any], runs: int | None = None, phase: str = "search") -> Trial:
         overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
-        if self.base.scenario == "Offline" and self.target_qps:
-            overrides.append(f"target_qps={self.target_qps:.6g}")  # sizes the Offline query to the trial's length
+        known = json.dumps(settings, sort_keys=True)
+        rate = self.rates.get(known, self.target_qps)
+        if self.base.scenario == "Offline" and rate:
+            overrides.append(f"target_qps={rate:.6g}")  # sizes the Offline query to the trial's length
         started = time.monotonic()
         attempts: list[Trial] = []
         for _ in range(max(1, self.repeats if runs is None else runs)):
@@ -163,6 +169,7 @@ class _Trials:
         done.seconds, done.phase = time.monotonic() - started, phase
         if self.base.scenario == "Offline" and done.value:
             self.target_qps = max(self.target_qps or 0.0, done.value)
+            self.rates[known] = max(self.rates.get(known, 0.0), done.value)
         self.search.trials.append(done)
         shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
         self.say(f"  trial {len(self.search.trials)}{' (confirm)' if phase == 'confirm' else ''}: {shown or 'defaults'} "
