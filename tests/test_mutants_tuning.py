@@ -102,17 +102,20 @@ def test_the_models_own_batch_size_is_a_candidate_and_the_walk_starts_from_it() 
 
 def test_an_offline_trial_is_sized_by_the_best_rate_before_it() -> None:
     """An Offline trial's one query is sized by `target_qps`: the highest rate of the trials before it
-    (a failed one has none), as six significant figures; the first trial keeps the manifest's. Each
+    (a failed one has none), as six significant figures, or for a configuration run before (the
+    confirmation rounds) its own highest rate; the first trial keeps the manifest's. Each
     trial's seconds lie within the search's. (_Trials with the scenario compared wrongly, the rate
     not kept, kept as None, started from 1.0 instead of 0.0 (the rates here are below 1/s); seconds
     as monotonic() + start; the settings said joined by "XX, XX".)"""
     rates = {"1": 0.5, "2": 0.987654321, "4": 0.75}
     seen: list[tuple[str | None, float | None]] = []
+    configurations: list[str] = []
 
     def run_trial(request: RunRequest) -> _Record:
         settings = _settings_of(request)
         value = rates.get(settings["max_batch_size"])
         seen.append((settings.get("target_qps"), value))
+        configurations.append(json.dumps({k: v for k, v in settings.items() if k != "target_qps"}, sort_keys=True))
         if value is None:
             raise UserError("run failed: this batch size crashed")
         return _Record(f"run-{len(seen)}", Performance.from_dict({"samples_per_second": value}))
@@ -124,8 +127,10 @@ def test_an_offline_trial_is_sized_by_the_best_rate_before_it() -> None:
     elapsed = time.monotonic() - began
     assert seen[0] == (None, 0.5) and len(seen) > 5 and any(value is None for _, value in seen)
     for at in range(1, len(seen)):
-        best_before = max(value for _, value in seen[:at] if value is not None)
+        own = [value for (_, value), c in zip(seen[:at], configurations) if c == configurations[at] and value]
+        best_before = max(own or [value for _, value in seen[:at] if value is not None])
         assert seen[at][0] == f"{best_before:.6g}", (at, seen)
+    assert len(set(configurations)) < len(configurations)  # some ran again, on their own rate
     assert "0.987654" in [rate for rate, _ in seen]  # after batch 2's trial
     assert all(0.0 <= trial.seconds <= elapsed for trial in search.trials)
     assert lines[1] == "  trial 2: intra_op_threads=1, max_batch_size=1 -> 0.5 samples_per_second"
