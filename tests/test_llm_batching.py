@@ -22,9 +22,16 @@ class _StepEngine:
     sequence was submitted."""
 
     max_new_tokens = 8
+    REFILL_BOUND_S = 30.0  # a paced engine's wait for the SUT to refill its batch; only an SUT that never does waits it out
 
-    def __init__(self, failing: set[int] = frozenset(), before_first: bool = True, admits: bool = False):
+    def __init__(self, failing: set[int] = frozenset(), before_first: bool = True, admits: bool = False,
+                 paced: int = 0):
         self.failing, self.before_first = failing, before_first  # sequences (by key) that raise
+        # paced (the number of sequences the run will submit): before each step the engine waits until the
+        # SUT has filled the batch as far as what is left allows, so how full a step is depends on the
+        # scheduler alone, not on whether its thread got a core before the next millisecond's step.
+        # `stalls` counts steps taken after waiting REFILL_BOUND_S for a refill that never came.
+        self.paced, self.stalls = paced, 0
         # admits: the session queues what it is given and admits at each step while there is room
         self.batch_admits_at_every_step = admits
         self.steps: list[frozenset[int]] = []
@@ -42,7 +49,8 @@ class _StepSession:
         self.engine, self.max_sequences = engine, max_sequences
         self.running: dict[int, list] = {}
         self.waiting: list[tuple[int, list]] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
+        self.finished = 0  # sequences that made their last token (paced engines)
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -56,11 +64,17 @@ class _StepSession:
             self.engine.joined[key] = frozenset(self.running)
             assert len(self.running) < self.max_sequences, "the SUT admitted more sequences than the batch holds"
             self.running[key] = [int(prompt_ids[0]), [], on_token, on_done]
+            self.lock.notify_all()
+
+    def _refilled(self) -> bool:
+        return len(self.running) >= min(self.max_sequences, self.engine.paced - self.finished)
 
     def _loop(self):
         while not self.closed.is_set():
             time.sleep(0.001)
             with self.lock:
+                if self.engine.paced and not self.lock.wait_for(self._refilled, self.engine.REFILL_BOUND_S):
+                    self.engine.stalls += 1
                 while self.waiting and len(self.running) < self.max_sequences:
                     key, entry = self.waiting.pop(0)
                     self.engine.joined[key] = frozenset(self.running)
@@ -81,6 +95,7 @@ class _StepSession:
                 if len(made) == length:
                     with self.lock:
                         del self.running[key]
+                        self.finished += 1
                     on_done(np.array(made, dtype=np.int64), None)
 
     def close(self):
@@ -120,9 +135,9 @@ def test_continuous_batching_lets_a_waiting_sequence_join_as_soon_as_one_leaves(
     """Batch of 3: every query completes with all its tokens, the batch never holds more than 3, a
     sequence is submitted while others of an earlier admission still run (it joined a running batch), and
     a waiting sequence never waits for a whole batch to drain."""
-    engine = _StepEngine()
+    engine = _StepEngine(paced=len(LENGTHS))
     sut = _run_offline(tmp_path, engine, LENGTHS, "continuous", 3)
-    assert sut.failure is None
+    assert sut.failure is None and engine.stalls == 0  # every step found its batch refilled
     assert sut.batching == "continuous" and sut.completed_samples == len(LENGTHS)
     assert sut.generated_tokens == sum(LENGTHS)
     assert max(len(step) for step in engine.steps) == 3
