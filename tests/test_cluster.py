@@ -126,7 +126,7 @@ def hardware(folder: Path, name: str, system: str | None) -> Path:
 
 
 def write_grid(path: Path, name: str, hardware_axis: list[str], scenarios: str = "[Offline, SingleStream]",
-               batch_sizes: str = "[4, 8]", min_duration: int = 200) -> Path:
+               batch_sizes: str = "[4, 8]", min_duration: int = 200, target_qps: int | None = None) -> Path:
     path.write_text(textwrap.dedent(f"""\
         name: {name}
         quick: true
@@ -135,7 +135,7 @@ def write_grid(path: Path, name: str, hardware_axis: list[str], scenarios: str =
         scenarios: {scenarios}
         hardware: [{", ".join(hardware_axis)}]
         batch_sizes: {batch_sizes}
-        set: {{min_duration: {min_duration}}}
+        set: {{min_duration: {min_duration}{f", target_qps: {target_qps}" if target_qps else ""}}}
         """))
     return path
 
@@ -305,9 +305,11 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
                                                                                 stop: signal.Signals) -> None:
     """Ctrl-C, or SIGTERM (which Ray's driver would turn into a bare exit), stops the sweep the same way."""
     # Cells of 3 s or more: the interrupt must land while cells still run, after the first has been
-    # recorded (with 1.2 s cells a CI run once saw all five finish before it landed).
-    grid = write_grid(tmp_path / "grid.yaml", "stopped", ["cpu"], scenarios="[Offline]",
-                      batch_sizes="[2, 4, 8, 16, 32]", min_duration=3000)
+    # recorded (with 1.2 s cells a CI run once saw all five finish before it landed). Server runs at
+    # 100 QPS last their 3 s by LoadGen's clock on a few hundred queries; Offline cells of the null
+    # model were made that long by 3.3 M samples of CPU each.
+    grid = write_grid(tmp_path / "grid.yaml", "stopped", ["cpu"], scenarios="[Server]",
+                      batch_sizes="[2, 4, 8, 16, 32]", min_duration=3000, target_qps=100)
     results = tmp_path / "results"
     db = results / "mlharness.sqlite"
     scratch_before = set(cluster.root.glob("mlharness-node-cell-*"))  # the nodes' TMPDIR
@@ -325,9 +327,22 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
     assert 1 <= len(finished) < 5 and all(row["status"] == "ok" for row in cells(db, "stopped"))
     # The cancelled cells end on their nodes after the driver has gone: wait for that (not a fixed second),
     # then nothing of theirs is left there, neither a run process nor a scratch folder.
-    wait_for(lambda: not launcher_children(cluster, "head") and not launcher_children(cluster, "n2")
-             and set(cluster.root.glob("mlharness-node-cell-*")) == scratch_before,
-             "the cancelled cells' processes and scratch folders gone from the nodes")
+    def left() -> list[str]:
+        """What the cancelled cells left on the nodes: run processes, scratch folders."""
+        import psutil
+
+        pids = launcher_children(cluster, "head") + launcher_children(cluster, "n2")
+        orphans = [p.pid for p in psutil.process_iter(["cmdline"])  # the nodes' TMPDIR holds their work folders
+                   if "mlharness.running.run_child" in (p.info["cmdline"] or [])
+                   and any(arg.startswith(str(cluster.root)) for arg in p.info["cmdline"])]
+        folders = set(cluster.root.glob("mlharness-node-cell-*")) - scratch_before
+        return ([f"run process {pid}" for pid in pids] + [f"run process {pid}, its Ray worker gone" for pid in orphans if pid not in pids]
+                + [f"scratch {f.name}: {sorted(str(x.relative_to(f)) for x in f.rglob('*'))[:8]}" for f in folders])
+
+    try:
+        wait_for(lambda: not left(), "the cancelled cells' processes and scratch folders gone from the nodes")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; left: {left()}") from None
     if stop != signal.SIGINT:
         return  # what a resume does after the stop is the same whichever signal stopped it: run once, for SIGINT
 
