@@ -139,6 +139,11 @@ def trial_request(base: RunRequest, overrides: list[str]) -> RunRequest:
     return replace(request, command=command_line(request))
 
 
+def settings_key(settings: dict[str, Any]) -> str:
+    """One configuration's identity in a search (its settings, in key order), for sets and dicts."""
+    return json.dumps(settings, sort_keys=True)
+
+
 class _Trials:
     """Runs one configuration for a search: `repeats` times (its best run counts), kept in the search's
     trials and said in one line. Called as trial(settings, runs=..., phase=...)."""
@@ -147,16 +152,15 @@ class _Trials:
                  say: Callable[[str], None], repeats: int):
         self.base, self.search, self.figure = base, search, figure
         self.run_trial, self.say, self.repeats = run_trial, say, repeats
-        # Offline: a trial's one query is sized to the configuration's own rate when it has run before,
-        # else to the best rate yet; the best alone would hold a slow start's confirmation runs for
-        # (best / its rate) times the trial's length.
-        self.target_qps: float | None = None
-        self.rates: dict[str, float] = {}
+        # Offline: a trial's one query is sized to the configuration's own best rate when it has run
+        # before, else to the best rate yet; the best alone would hold a slow start's confirmation runs
+        # for (best / its rate) times the trial's length.
+        self.rates: dict[str, float] = {}  # settings_key -> the configuration's best rate
 
     def __call__(self, settings: dict[str, Any], runs: int | None = None, phase: str = "search") -> Trial:
         overrides = [f"{k}={v}" for k, v in sorted(settings.items()) if v is not None]
-        known = json.dumps(settings, sort_keys=True)
-        rate = self.rates.get(known, self.target_qps)
+        known = settings_key(settings)
+        rate = self.rates.get(known, max(self.rates.values(), default=None))
         if self.base.scenario == "Offline" and rate:
             overrides.append(f"target_qps={rate:.6g}")  # sizes the Offline query to the trial's length
         started = time.monotonic()
@@ -168,7 +172,6 @@ class _Trials:
         done = self.search.top(attempts) or attempts[0]
         done.seconds, done.phase = time.monotonic() - started, phase
         if self.base.scenario == "Offline" and done.value:
-            self.target_qps = max(self.target_qps or 0.0, done.value)
             self.rates[known] = max(self.rates.get(known, 0.0), done.value)
         self.search.trials.append(done)
         shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
@@ -202,7 +205,7 @@ def run_search(base: RunRequest, start: dict[str, Any], backend: str, cpus: int,
     search.best = search.start = trial(current)
     if search.best.value is None:
         raise UserError(f"tune: the starting configuration failed: {search.best.error}")
-    tried = {json.dumps(current, sort_keys=True)}
+    tried = {settings_key(current)}
     searched = dimensions(base.scenario, backend, cpus, start)
     for key, values, ordered in searched:
         current = walk_dimension(search, trial, key, values, ordered, current, tried)
@@ -231,7 +234,7 @@ def walk_dimension(search: Search, trial: Callable[[dict[str, Any]], Trial], key
             if not queue:
                 continue
             candidate = dict(current, **{key: queue.pop(0)})
-            fingerprint = json.dumps(candidate, sort_keys=True)
+            fingerprint = settings_key(candidate)
             if fingerprint in tried:
                 continue
             tried.add(fingerprint)
@@ -254,23 +257,23 @@ def batch_neighbours(search: Search, batches: list[int]) -> list[dict[str, Any]]
     batch = search.best.settings.get("max_batch_size")
     if batch not in batches:
         return []
-    failed = {json.dumps(t.settings, sort_keys=True) for t in search.trials if t.value is None}
+    failed = {settings_key(t.settings) for t in search.trials if t.value is None}
     at = batches.index(batch)
     steps = [batches[i] for i in (at - 1, at + 1) if 0 <= i < len(batches)]
     found = [dict(search.best.settings, max_batch_size=step) for step in steps]
-    return [settings for settings in found if json.dumps(settings, sort_keys=True) not in failed]
+    return [settings for settings in found if settings_key(settings) not in failed]
 
 
 def runners_up(search: Search, start: dict[str, Any]) -> list[dict[str, Any]]:
     """Up to RUNNERS_UP searched configurations, best first, other than the start and the best, whose
     figure came within RUNNER_UP_MARGIN of the best's: near-equals that one short trial cannot order."""
     assert search.best is not None and search.best.value is not None
-    best, chosen, seen = search.best.value, [], {json.dumps(start, sort_keys=True),
-                                                  json.dumps(search.best.settings, sort_keys=True)}
+    best, chosen, seen = search.best.value, [], {settings_key(start),
+                                                  settings_key(search.best.settings)}
     close = [t for t in search.trials if t.phase == "search" and t.value is not None
              and abs(t.value - best) <= RUNNER_UP_MARGIN * best]
     for t in sorted(close, key=lambda t: t.value, reverse=search.higher_is_better):
-        fingerprint = json.dumps(t.settings, sort_keys=True)
+        fingerprint = settings_key(t.settings)
         if fingerprint not in seen and len(chosen) < RUNNERS_UP:
             seen.add(fingerprint)
             chosen.append(t.settings)
