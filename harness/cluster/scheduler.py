@@ -34,7 +34,10 @@ from mlharness.sweeps.cell_loop import STDERR_KEPT_CHARS, CellEvent, CellJob, ce
 NODES_REFRESH_S = 1.0  # how often the alive nodes are read from the cluster
 WAIT_S = 0.25  # one ray.wait
 DRIVER_GRACE_S = 60.0  # past the cell's timeout, the driver cancels a task its node did not stop
-CANCEL_WAIT_S = 5.0  # after Ctrl-C, how long cancelled cells get to stop on their nodes
+# After Ctrl-C, how long the driver waits for the cancelled cells to stop on their nodes. It leaves as
+# soon as they have; leaving before makes Ray kill their workers, which cuts short the node's cleanup
+# (a CI run's driver waited 5 s under load and left a scratch folder behind).
+CANCEL_WAIT_S = 30.0
 
 
 @dataclass
@@ -203,7 +206,11 @@ class NodeSlots:
         for ref in cancelled:
             self.ray.cancel(ref, force=False)
         if cancelled:
-            self.ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_WAIT_S)
+            _, still = self.ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_WAIT_S)
+            if still:
+                self.progress.say(f"{len(still)} cancelled cell(s) still running on their nodes after "
+                                  f"{CANCEL_WAIT_S:g} s; leaving them (their scratch folders may stay in "
+                                  "the nodes' temp folder)")
         return events, len(cancelled)
 
     def _refresh(self) -> None:
