@@ -250,8 +250,8 @@ class _DuplicateKey(yaml.YAMLError):
         self.key, self.line, self.first_line = key, line, first_line
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a mapping that names a key twice is refused: YAML keeps the last
+class _UniqueKeys:
+    """A safe loader's constructor, but a mapping that names a key twice is refused: YAML keeps the last
     value without a word, so a manifest or grid would run with a value other than the one the reader
     saw first. A merge (`<<: *anchor`) followed by a key is YAML's override, not a duplicate."""
 
@@ -269,7 +269,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 if earlier is not None:
                     raise _DuplicateKey(key, key_node.start_mark.line + 1, earlier)
                 first[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
+        return super().construct_mapping(node, deep)  # type: ignore[misc]
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's own parser: its error messages are the ones a user reads."""
+
+
+# libyaml's parser (in PyYAML's wheels) parses a manifest about 7x faster; every run process loads them
+# all. A file it refuses is parsed again by PyYAML's own, whose message is the one reported.
+_FastUniqueKeyLoader = type("_FastUniqueKeyLoader", (_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)), {})
 
 
 def load_yaml(path: Path) -> Any:
@@ -281,7 +290,10 @@ def load_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ManifestError([f"{path}: byte {exc.start}: expected UTF-8 text, got {exc.object[exc.start:exc.start + 1]!r}"]) from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        try:
+            return yaml.load(text, Loader=_FastUniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError:
+            return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except _DuplicateKey as exc:
         raise ManifestError([f"{path}: line {exc.line}: key {exc.key!r} given twice (first on line {exc.first_line}); "
                              f"YAML would keep only the last"]) from None
