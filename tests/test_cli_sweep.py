@@ -76,7 +76,7 @@ def test_set_reaches_every_cell(swept: dict) -> None:
         for batch, cell in cells.items():
             assert cell["overrides"] == [f"max_batch_size={batch}", "min_query_count=77", "target_qps=30"]
             record = store.get_record(cell["run_id"]).to_dict()
-            assert record["settings"]["loadgen"] == {"min_duration": "1000", "min_query_count": "77",
+            assert record["settings"]["loadgen"] == {"min_duration": "250", "min_query_count": "77",
                                                      "target_qps": "30"}
             assert record["settings"]["origin"]["min_query_count"] == "cli"
             assert record["settings"]["harness"]["max_batch_size"] == int(batch)

@@ -47,14 +47,14 @@ def test_batching_sends_whole_batches_to_a_symbolic_batch_graph(tmp_path: Path, 
     assert line in text
     manifest.write_text(text.replace(line, line + f'      open({str(seen)!r}, "a").write(f"{{len(scores)}}\\n")\n'))
     assert run_cli("run", "resnet50-light", "--scenario", "Offline", "--quick", "--set", "max_batch_size=4",
-                   "--results-dir", tmp_path / "r") == 0
+                   "--set", "min_duration=1000", "--results-dir", tmp_path / "r") == 0
     record = read_run(tmp_path / "r", "resnet50-light", "Offline")
     assert record["backend_info"]["transforms"] == ["symbolic_batch"]
     assert len(record["backend_info"]["graph_sha256"]) == 64
     assert record["settings"]["harness"]["max_batch_size"] == 4
     rows = [int(n) for n in seen.read_text().split()]
     # The timed first inference (one sample) and the warm-up's 4 batches, postprocessed one by one;
-    # then the Offline query's 44 samples (target_qps 40 for min_duration 1 s, plus LoadGen's 10%),
+    # then the Offline query's 44 samples (target_qps 40 for a min_duration of 1 s, plus LoadGen's 10%),
     # in 11 batches of 4 that the worker postprocesses in groups of up to 64 rows (how many batches a
     # group gets depends on how many were queued when the worker looked): whole batches each time.
     assert rows[:5] == [1, 4, 4, 4, 4], rows

@@ -22,7 +22,7 @@ def test_each_layer_overrides_the_one_below(tmp_path: Path) -> None:
                               overrides=["min_query_count=7", "max_batch_size=4"])
     # model hint (10) < user.conf for this model (33); other model's and other scenario's lines ignored
     assert settings.loadgen["target_qps"] == "33" and settings.origin["target_qps"] == "user.conf"
-    # model hint (100) < quick preset (1000) < user.conf (300)
+    # model hint (100) < quick preset (250) < user.conf (300)
     assert settings.loadgen["min_duration"] == "300"
     # preset quick Offline (1) < CLI (7)
     assert settings.loadgen["min_query_count"] == "7" and settings.origin["min_query_count"] == "cli"
@@ -34,7 +34,7 @@ def test_each_layer_overrides_the_one_below(tmp_path: Path) -> None:
 def test_preset_overrides_model_hints() -> None:
     settings = build_settings(scenario="Offline", mode="performance", conf_model="m", model_name="m",
                               model_hints=HINTS, presets=["quick"])
-    assert settings.loadgen["min_duration"] == "1000" and settings.origin["min_duration"] == "preset:quick"
+    assert settings.loadgen["min_duration"] == "250" and settings.origin["min_duration"] == "preset:quick"
     assert settings.loadgen["target_qps"] == "10" and settings.origin["target_qps"] == "model"
 
 

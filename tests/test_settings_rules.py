@@ -461,7 +461,7 @@ def test_the_shipped_presets_are_found_without_the_variable(monkeypatch: pytest.
 
     # The shipped package's folder: scenarios/ in a checkout, mlharness/scenarios/ in a mutation run's tree.
     assert scenarios_root() == Path(mlharness.scenarios.__file__).parent
-    assert load_preset("quick")["settings"]["*"] == {"min_duration": 1000, "min_query_count": 32}
+    assert load_preset("quick")["settings"]["*"] == {"min_duration": 250, "min_query_count": 32}
 
 
 @pytest.mark.parametrize("name, expected", [

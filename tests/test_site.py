@@ -145,8 +145,8 @@ def test_pages_hold_what_each_run_recorded(site: dict) -> None:
 
     profiled = _page(out, ids["profiled"])
     # settings with the layer that set each: the preset, the command line, the model manifest
-    assert re.search(r"<td>min_duration</td><td class='n'>1000</td><td>preset:quick</td>|"
-                     r"<td>min_duration</td><td>1000</td><td>preset:quick</td>", profiled)
+    assert re.search(r"<td>min_duration</td><td class='n'>250</td><td>preset:quick</td>|"
+                     r"<td>min_duration</td><td>250</td><td>preset:quick</td>", profiled)
     assert "<td>target_qps</td><td>20000</td><td>cli</td>" in profiled
     assert f"{ids['profiled']}/latency-Offline.png" in profiled and "Cold start and memory" in profiled
     assert f"{ids['profiled']}/profile/timeline.json" in profiled

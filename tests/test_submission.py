@@ -30,7 +30,7 @@ HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")
 
 
 # Every verdict of the session is fixed by its settings, whatever the machine's speed or load:
-# - Offline's one query holds 11 samples (target_qps 10 for 1 s, plus LoadGen's 10%): it ends long
+# - Offline's one query holds 11 samples (target_qps 40 for --quick's 0.25 s, plus LoadGen's 10%): it ends long
 #   before min_duration, so the run and its audits are INVALID and their comparisons FAIL; all 11
 #   samples are sampled into TEST01's log.
 # - SingleStream runs exactly 32 queries (min_duration 0, max_query_count 32), too few for LoadGen's
@@ -57,7 +57,7 @@ def _session_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text = (specs / "models" / "null.yaml").read_text().replace('name: "null"\n', f"name: {MODEL}\n", 1)
     hint = "Offline: {target_qps: 1000000}"
     assert hint in text
-    text = text.replace(hint, "Offline: {target_qps: 10}")
+    text = text.replace(hint, "Offline: {target_qps: 40}")
     (specs / "models" / "null-resnet.yaml").write_text(text.replace("attributes:", "mlperf_benchmark: resnet50\n"
                                                                                    "attributes:", 1))
     (root / "user.conf").write_text(USER_CONF)
@@ -181,7 +181,7 @@ def test_package_writes_every_required_file_and_field(session: Path, tmp_path: P
         readme = (where / "README.md").read_text()
         assert f"mlharness run {MODEL} --scenario {scenario} --mode performance" in readme
         assert f"--mode accuracy" in readme and "--compliance TEST01,TEST04" in readme
-        min_duration = {"Offline": 1000, "SingleStream": 0}[scenario]  # --quick, and USER_CONF
+        min_duration = {"Offline": 250, "SingleStream": 0}[scenario]  # --quick, and USER_CONF
         assert f"resnet50.{scenario}.min_duration = {min_duration}" in (where / "user.conf").read_text()
         # accuracy.txt: the official headline, then our figures, then the hash of the full log
         lines = (where / "accuracy" / "accuracy.txt").read_text().splitlines()
@@ -222,7 +222,7 @@ def test_check_refuses_invalid_and_overridden_runs(session: Path, tmp_path: Path
     assert run_cli("submission", "check", out) == 1
     err = capsys.readouterr().err
     assert re.search(r"Offline/performance/run_1/mlperf_log_detail.txt: LoadGen marked the run INVALID", err)
-    assert "min_duration: expected >= 600000 ms, found 1000" in err
+    assert "min_duration: expected >= 600000 ms, found 250" in err
     assert "overrode protected settings min_duration" in err
     assert re.search(r"SingleStream/performance/run_1/mlperf_log_detail.txt: LoadGen marked the run INVALID", err)
 

@@ -62,8 +62,8 @@ def nothing_ran(results: Path) -> bool:
     ("Offline", "qsl_rng_seed=5", "qsl_rng_seed: cannot be set: LoadGen reads it only from its built-in mlperf.conf"),
     ("Server", "server_num_issue_query_threads=2", "server_num_issue_query_threads: cannot be set"),
     # a maximum below the --quick preset's minimum
-    ("Offline", "max_duration=500", "--set max_duration=500: max_duration: expected 0 (no limit) or at least "
-                                    "min_duration 1000 ("),
+    ("Offline", "max_duration=100", "--set max_duration=100: max_duration: expected 0 (no limit) or at least "
+                                    "min_duration 250 ("),
 ])
 def test_loadgen_settings_are_checked_before_the_run(tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                                      scenario: str, setting: str, expected: str) -> None:
