@@ -29,6 +29,8 @@ def serve_greedy(arrivals_ms: np.ndarray, batch_ms: Sequence[float], max_batch: 
     if max_batch < 1 or len(batch_ms) < max_batch:
         raise ValueError(f"batch_ms needs a time for every batch size up to {max_batch}")
     arrivals = np.asarray(arrivals_ms, dtype=np.float64)
+    if max_batch == 1:
+        return _serve_one_at_a_time(arrivals, float(batch_ms[0]))
     latencies = np.empty(len(arrivals))
     free, first = 0.0, 0
     while first < len(arrivals):
@@ -39,6 +41,14 @@ def serve_greedy(arrivals_ms: np.ndarray, batch_ms: Sequence[float], max_batch: 
         latencies[first:end] = free - arrivals[first:end]
         first = end
     return latencies
+
+
+def _serve_one_at_a_time(arrivals: np.ndarray, service_ms: float) -> np.ndarray:
+    """serve_greedy's loop for batches of one, in closed form: query i ends at
+    d_i = max(d_(i-1), a_i) + s, which unrolls to (i + 1) s + max(0, max over j <= i of (a_j - j s))."""
+    index = np.arange(len(arrivals), dtype=np.float64)
+    ends = (index + 1) * service_ms + np.maximum(np.maximum.accumulate(arrivals - index * service_ms), 0.0)
+    return ends - arrivals
 
 
 def latency_percentile(rate_qps: float, batch_ms: Sequence[float], max_batch: int, percentile: float,

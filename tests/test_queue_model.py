@@ -19,6 +19,19 @@ def test_queries_far_apart_each_take_one_batch_of_one() -> None:
     assert latencies.tolist() == [10.0, 10.0, 10.0]
 
 
+@pytest.mark.parametrize("rate_qps", [20.0, 95.0, 140.0])  # idle gaps, a near-full queue, an overloaded one
+def test_batches_of_one_end_as_the_definition_says(rate_qps: float) -> None:
+    """Batches of one are served in closed form: each query ends one service time after the later of its
+    arrival and the previous query's end (the definition, walked query by query here)."""
+    arrivals = np.cumsum(queue_model.poisson_gaps(2_000, seed=5)) * (1000.0 / rate_qps)
+    expected, free = [], 0.0
+    for arrival in arrivals.tolist():
+        free = max(free, arrival) + 10.0
+        expected.append(free - arrival)
+    assert queue_model.serve_greedy(arrivals, [10.0], max_batch=1) == pytest.approx(expected, abs=1e-6)
+    assert queue_model.serve_greedy(np.array([5.0, 6.0, 40.0]), [10.0], max_batch=1).tolist() == [10.0, 19.0, 10.0]
+
+
 def test_queries_that_arrive_together_are_cut_at_the_batch_limit() -> None:
     """Three at once, batches of at most 2: two complete after a batch of 2, the third waits for it
     and then takes a batch of 1."""
