@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # depth -> (growth rate k, layers per dense block).
 DEPTHS: dict[int, tuple[int, tuple[int, int, int, int]]] = {
     121: (32, (6, 12, 24, 16)), 161: (48, (6, 12, 36, 24)), 169: (32, (6, 12, 32, 32)), 201: (32, (6, 12, 48, 32)),
@@ -51,12 +53,7 @@ class DenseNet(nn.Module):
         layers += [nn.BatchNorm2d(channels), nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight)
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        init_weights(self, conv_mode="fan_in", conv_nonlinearity="leaky_relu")  # kaiming_normal_'s defaults
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)

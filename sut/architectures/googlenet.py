@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # Table 1: #1x1, #3x3 reduce, #3x3, #5x5 reduce, #5x5, pool proj; 'M' a 3x3/2 max pool.
 INCEPTIONS: tuple[Any, ...] = (
     (64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), "M",
@@ -55,12 +57,7 @@ class GoogLeNet(nn.Module):
                 channels = module.out_channels
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(channels, num_classes))
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)

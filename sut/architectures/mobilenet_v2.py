@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # (expansion t, output channels c, repeats n, first stride s), from the paper's Table 2.
 _BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
@@ -67,15 +69,7 @@ class MobileNetV2(nn.Module):
 
     def _init_weights(self) -> None:
         # Only matters without a state dict; kept so an untrained network is still well scaled.
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        init_weights(self, conv_nonlinearity="leaky_relu")  # kaiming_normal_'s default nonlinearity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # depth -> (block, blocks per stage), Table 1.
 DEPTHS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
     18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)), 50: ("bottleneck", (3, 4, 6, 3)),
@@ -64,12 +66,7 @@ class ResNet(nn.Module):
                 channels = block.out_channels
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(channels, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        init_weights(self)
         for block in blocks:
             nn.init.constant_(block.branch[-1][1].weight, RESIDUAL_GAIN)
 

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # width -> output channels of stages 2, 3, 4 and of conv5 (Table 5).
 WIDTHS: dict[str, tuple[int, int, int, int]] = {
     "0.5": (48, 96, 192, 1024), "1.0": (116, 232, 464, 1024), "1.5": (176, 352, 704, 1024), "2.0": (244, 488, 976, 2048),
@@ -68,14 +70,9 @@ class ShuffleNetV2(nn.Module):
         layers.append(_conv_bn(channels, last, 1))
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(last, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                # By fan-in: a depthwise convolution's fan-out counts every channel's outputs and
-                # would shrink random activations at every unit.
-                nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="relu")
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        # By fan-in: a depthwise convolution's fan-out counts every channel's outputs and would shrink
+        # random activations at every unit.
+        init_weights(self, conv_mode="fan_in")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)

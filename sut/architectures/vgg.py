@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mlharness.sut.architectures import init_weights
+
 # Convolutions per group of channels 64, 128, 256, 512, 512 (Table 1, columns A, B, D, E).
 DEPTHS: dict[int, tuple[int, int, int, int, int]] = {
     11: (1, 1, 2, 2, 2), 13: (2, 2, 2, 2, 2), 16: (2, 2, 3, 3, 3), 19: (2, 2, 4, 4, 4),
@@ -38,13 +40,7 @@ class VGG(nn.Module):
             nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout),
             nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout),
             nn.Linear(4096, num_classes))
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, 0, 0.01)
-                nn.init.zeros_(module.bias)
+        init_weights(self, zero_conv_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
