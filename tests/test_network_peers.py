@@ -254,12 +254,15 @@ def test_mlserver_null_model_under_loadgen_server_is_valid(transport: str, mlser
 
 # resnet50-light answers in 150-250 ms on the busy 2-core machine (about 8 samples/s at batch 8), judged at
 # the 50th percentile (see the module's docstring). Measured VALID over both transports: Offline 7.9-8.2
-# samples/s, SingleStream p50 147-201 ms, Server 3.6-3.7 samples/s with p50 157-232 ms.
+# samples/s, SingleStream p50 147-201 ms, Server 3.6-3.7 samples/s with p50 157-232 ms. The Server run's
+# bound is not the speed's: with both cores held by busy loops the server answered 2.2 samples/s, p50 2.07 s,
+# over the 2 s bound this had. Its 12 queries arrive in 3 s, so the 6th waits about 6/r - 1.5 s at r samples/s:
+# within 30 s on any server faster than 0.2 samples/s.
 RESNET_RUNS = {
     "Offline": ("--set", "target_qps=40", "--set", "min_duration=500"),
     "SingleStream": ("--set", "min_duration=1000", "--set", "min_query_count=16",
                      "--set", "target_latency_percentile=50"),
-    "Server": ("--set", "target_qps=4", "--set", "target_latency=2000", "--set", "target_latency_percentile=50",
+    "Server": ("--set", "target_qps=4", "--set", "target_latency=30000", "--set", "target_latency_percentile=50",
                "--set", "min_duration=1000", "--set", "min_query_count=12"),
 }
 
