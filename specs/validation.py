@@ -276,9 +276,9 @@ class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
     """PyYAML's own parser: its error messages are the ones a user reads."""
 
 
-# libyaml's parser (in PyYAML's wheels) parses a manifest about 7x faster; every run process loads them
-# all. A file it refuses is parsed again by PyYAML's own, whose message is the one reported.
-_FastUniqueKeyLoader = type("_FastUniqueKeyLoader", (_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)), {})
+class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser (in PyYAML's wheels), about 7x faster; every run process loads all the manifests.
+    A file it refuses is parsed again by _UniqueKeyLoader, whose message is the one reported."""
 
 
 def load_yaml(path: Path) -> Any:
