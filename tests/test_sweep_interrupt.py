@@ -4,18 +4,23 @@ recorded, no further cell starts, and the same command resumes with the cells no
 driver is a process of its own, as a user's is; the null model's cells are real runs."""
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
 
+from mlharness.errors import RunInterrupted
+from mlharness.running.progress import Steps
 from mlharness.store.result_store import ResultStore
-from mlharness.sweeps.sweep_grid import load_grid
+from mlharness.sweeps.cell_loop import CellEvent, CellJob, run_cells
+from mlharness.sweeps.sweep_grid import Cell, load_grid
 from tests.support import REPO, run_cli
 
 # Two short Offline cells, then two SingleStream cells of a minute each: the signal lands in the third.
@@ -79,3 +84,54 @@ def test_a_signal_stops_the_sweep_with_what_ran_recorded_and_it_resumes(tmp_path
     assert run_cli("sweep", grid, "--results-dir", results, "--dry-run") == 0
     states = [line.rsplit("  ", 1)[1] for line in capsys.readouterr().err.splitlines() if "  repeat " in line]
     assert states == ["[ok]", "[ok]", "[failed]", "[to run]"]
+
+
+class _TwoEndTogether:
+    """Slots whose two cells end in the same wait, so that the sweep records them one after the other;
+    `signal_at` sends a signal to this process while the first one's line is printed (after its row is
+    written, before the second's)."""
+
+    def __init__(self, jobs: list[CellJob], signal_at: signal.Signals):
+        self.signal_at, self.jobs, self.ended = signal_at, jobs, False
+        slots = self
+
+        class Lines(Steps):
+            def finished(self, *args: object) -> None:
+                super().finished(*args)
+                if len(self.durations) == 1:
+                    signal.raise_signal(slots.signal_at)  # its handler runs here, in the middle of recording
+        self.progress = Lines(len(jobs), stream=io.StringIO(), quiet=True)
+
+    def place(self, waiting: deque[CellJob]) -> list[CellEvent]:
+        waiting.clear()
+        return []
+
+    def busy(self) -> bool:
+        return not self.ended
+
+    def next_done(self) -> list[CellEvent]:
+        self.ended = True
+        return [CellEvent(job, {"status": "ok", "run_id": f"run-{i}", "error": None, "stderr": ""}, 1.0)
+                for i, job in enumerate(self.jobs)]
+
+    def stop(self) -> tuple[list[CellEvent], int | None]:
+        return [], None
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_ended_cells_are_recorded_waits_until_all_are(tmp_path: Path, stop: signal.Signals) -> None:
+    """A signal that lands between two ended cells' rows stops the sweep after both are written: the
+    second cell has run, and a resume must not run it again."""
+    db = tmp_path / "mlharness.sqlite"
+    with ResultStore(db) as store:
+        store.start_sweep("together", "together", "grid.yaml", {}, "2026-11-29T00:00:00Z")
+    cells = [Cell.of(model="null", scenario="Offline", overrides=(f"target_qps={qps}",)) for qps in (1, 2)]
+    jobs = [CellJob(cell, 0, cell.key, cell.request) for cell in cells]
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted) as stopped:
+        run_cells(jobs, _TwoEndTogether(jobs, stop), "together", db)
+    assert stopped.value.exit_status == 128 + stop
+    assert "2 cell run(s) recorded" in str(stopped.value)
+    with ResultStore(db) as store:
+        assert sorted(row["run_id"] for row in store.sweep_cells("together")) == ["run-0", "run-1"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back after it

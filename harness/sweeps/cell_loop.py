@@ -15,9 +15,10 @@ import tempfile
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from mlharness.errors import RunInterrupted
 from mlharness.records.run_record import utc_now
@@ -116,9 +117,8 @@ def record_cell_run(db_path: Path, sweep_id: str, cell: Cell, repeat_index: int,
 def run_cells(jobs: list[CellJob], slots: CellSlots, sweep_id: str, db_path: Path) -> list[CellOutcome]:
     """Run every job on the slots, recording each as it ends; returns the cell runs recorded (a cell
     given back to run again counts once, when it ends). Raises RunInterrupted when stopped."""
-    loop = _Loop(slots, sweep_id, db_path, deque(jobs))
-    terminated, restore = _stop_on_sigterm()
-    try:
+    with _StopSignals() as signals:
+        loop = _Loop(slots, sweep_id, db_path, deque(jobs), signals)
         with slots.progress:
             try:
                 while loop.waiting or slots.busy():
@@ -128,28 +128,57 @@ def run_cells(jobs: list[CellJob], slots: CellSlots, sweep_id: str, db_path: Pat
             except KeyboardInterrupt:
                 events, cancelled = slots.stop()
                 loop.handle(events, stopping=True)
-                loop.stop(128 + (signal.SIGTERM if terminated else signal.SIGINT), cancelled)
-    finally:
-        restore()
+                loop.stop(128 + (signal.SIGTERM if signals.terminated else signal.SIGINT), cancelled)
     return loop.outcomes
 
 
-def _stop_on_sigterm() -> tuple[list[int], Callable[[], None]]:
-    """SIGTERM stops the sweep as Ctrl-C does (without it, Python's default, or Ray's sys.exit on a
-    cluster's driver, ends the process with nothing cancelled or said). It raises KeyboardInterrupt, the
-    one exception a Ray wait passes on (any other comes out as a SystemError), and notes the signal in the
-    list returned with the undo.
-    Outside the main thread signals cannot be caught, and the caller's handler stays."""
-    terminated: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        return terminated, lambda: None
+class _StopSignals:
+    """SIGINT and SIGTERM stop the sweep as KeyboardInterrupt, the one exception a Ray wait passes on
+    (any other comes out as a SystemError). Without this SIGTERM would end the process by Python's
+    default, or Ray's sys.exit on a cluster's driver, with nothing cancelled or said.
 
-    def handler(signum: int, frame: Any) -> None:
-        terminated.append(signum)
+    While the ended cells are being recorded (`holding`), a signal waits until they are: an interrupt
+    in the middle would leave a cell that has run neither recorded nor cancelled. A SIGINT the process
+    ignores (a background job's) or handles its own way stays so, and outside the main thread signals
+    cannot be caught: the caller's handlers stay."""
+
+    def __init__(self) -> None:
+        self.terminated = False  # SIGTERM came (the exit status says which signal stopped the sweep)
+        self._holding = False
+        self._held = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+                    continue
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.terminated = self.terminated or signum == signal.SIGTERM
+        if self._holding:
+            self._held = True
+            return
         raise KeyboardInterrupt()
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    return terminated, lambda: signal.signal(signal.SIGTERM, previous)
+    @contextmanager
+    def holding(self, stopping: bool = False) -> Iterator[None]:
+        """Signals wait for the block; one that came raises KeyboardInterrupt after it, unless the sweep
+        is already stopping."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        held, self._held = self._held, False
+        if held and not stopping:
+            raise KeyboardInterrupt()
 
 
 @dataclass
@@ -158,28 +187,33 @@ class _Loop:
     sweep_id: str
     db_path: Path
     waiting: deque[CellJob]
+    signals: _StopSignals
     outcomes: list[CellOutcome] = field(default_factory=list)
 
     def handle(self, events: list[CellEvent], stopping: bool = False) -> None:
-        for event in events:
-            job = event.job
-            if event.result is None:
-                self.waiting.appendleft(job)
-                continue
-            # Recorded at once, also a cell about to run again: a driver that dies now leaves a failed
-            # cell, not a missing one; the run that ends it replaces the row.
-            recorded = record_cell_run(self.db_path, self.sweep_id, job.cell, job.repeat_index, event.result,
-                                       job.started_at or utc_now(), event.seconds)
-            if event.again is not None:
-                self.slots.progress.say(event.again)
-                self.waiting.appendleft(job)
-                continue
-            self.outcomes.append(recorded)
-            status = event.result["status"]
-            shown = status if status == "ok" else f"{status.upper()}: {event.result.get('error')}"
-            self.slots.progress.finished(job.label + event.where, shown, event.seconds)
-            if event.stops and not stopping:
-                self.stop(event.stops, None)
+        with self.signals.holding(stopping):
+            for event in events:
+                self._handle(event, stopping)
+
+    def _handle(self, event: CellEvent, stopping: bool) -> None:
+        job = event.job
+        if event.result is None:
+            self.waiting.appendleft(job)
+            return
+        # Recorded at once, also a cell about to run again: a driver that dies now leaves a failed
+        # cell, not a missing one; the run that ends it replaces the row.
+        recorded = record_cell_run(self.db_path, self.sweep_id, job.cell, job.repeat_index, event.result,
+                                   job.started_at or utc_now(), event.seconds)
+        if event.again is not None:
+            self.slots.progress.say(event.again)
+            self.waiting.appendleft(job)
+            return
+        self.outcomes.append(recorded)
+        status = event.result["status"]
+        shown = status if status == "ok" else f"{status.upper()}: {event.result.get('error')}"
+        self.slots.progress.finished(job.label + event.where, shown, event.seconds)
+        if event.stops and not stopping:
+            self.stop(event.stops, None)
 
     def stop(self, exit_status: int, cancelled: int | None) -> None:
         where = f", {cancelled} cancelled on their nodes;" if cancelled is not None else ","
