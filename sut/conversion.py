@@ -4,9 +4,9 @@
 The export is a recorded step. Its output lives in the cache (`<cache>/converted/<name>-<to>-<key>/`)
 beside `<file>.sha256` and `<file>.provenance.json` (source manifest, its verified files, exporter and
 version, opset, dynamic axes, a numeric check against the source). The cache key covers everything
-the output depends on, so a changed source, factory module, option or exporter version converts
-again; a cached file is reused only if its sha256 still matches its provenance. A manifest never
-pins a converted file's sha256: weight folding does float math whose last bits depend on the CPU's
+the output depends on, so a changed source, factory module (or a module of its package it imports),
+option or exporter version converts again; a cached file is reused only if its sha256 still matches
+its provenance. A manifest never pins a converted file's sha256: weight folding does float math whose last bits depend on the CPU's
 kernels, so the bytes differ between machines; the output check against the source is the gate and
 the sha256 is recorded (provenance, run record, results database)."""
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -36,6 +35,7 @@ from mlharness.specs.manifests import (
     load_manifest,
     register_names,
 )
+from mlharness.sut.factory_code import factory_code_sha256
 
 PROVENANCE_SCHEMA_VERSION = 1
 CHECK_TOLERANCE = 1e-3  # max |diff| allowed between source and export, relative to the output's scale
@@ -81,17 +81,6 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def _factory_file_sha(source: ModelManifest) -> str | None:
-    """The sha256 of a `module:function` factory's file: editing the code must convert again."""
-    factory = (source.factory or "").strip()
-    if "\n" in factory or ":" not in factory:
-        return None  # inline source is part of the manifest, whose sha256 is already in the key
-    spec = importlib.util.find_spec(factory.partition(":")[0])
-    if spec is None or not spec.origin or not Path(spec.origin).is_file():
-        return None
-    return artifacts.sha256_file(Path(spec.origin))
-
-
 def source_manifest(conversion: Conversion, base: Path, where: str) -> ModelManifest:
     path = Path(conversion.source)
     path = path if path.is_absolute() else base / path
@@ -100,12 +89,21 @@ def source_manifest(conversion: Conversion, base: Path, where: str) -> ModelMani
     return load_manifest(path, "model")
 
 
+def _factory_code_sha(source: ModelManifest) -> str | None:
+    """The digest of a `module:function` factory's code (mlharness.sut.factory_code): editing it, or a
+    module of its package it imports, must convert again."""
+    factory = (source.factory or "").strip()
+    if "\n" in factory or ":" not in factory:
+        return None  # inline source is part of the manifest, whose sha256 is already in the key
+    return factory_code_sha256(factory.partition(":")[0])
+
+
 def _key_material(source: ModelManifest, conversion: Conversion, entry: _ExporterEntry) -> dict[str, Any]:
     return {
         "schema": PROVENANCE_SCHEMA_VERSION,
         "source_manifest_sha256": source.sha256,
         "source_files": {k: a.sha256 for k, a in sorted(source.sources.items())},
-        "factory_sha256": _factory_file_sha(source),
+        "factory_sha256": _factory_code_sha(source),
         "conversion": conversion.describe(),
         "exporter_versions": {p: _package_version(p) for p in entry.packages},
     }

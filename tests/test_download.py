@@ -10,6 +10,8 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,6 +288,59 @@ def test_convert_force_converts_again(specs_copy: Path, cache: Path, capsys: pyt
     assert graph.with_name(graph.name + ".sha256").read_text().split()[0] == third["sha256"]
     assert sorted(p.name for p in graph.parent.iterdir()) == sorted(
         [graph.name, graph.name + ".sha256", graph.name + ".provenance.json"])  # nothing else left behind
+
+
+FACTORY_MODULE = """\
+    import torch
+    from .scale import SCALE
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = torch.nn.Linear(1, 3)
+        def forward(self, x):
+            return self.linear(x) * SCALE
+
+    def factory(ctx):
+        return Scaled()
+    """
+
+
+def test_editing_a_module_the_factory_imports_converts_again(specs_copy: Path, cache: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A `module:function` factory whose scale comes from another module of its package, as the zoo's
+    architectures take their initialisation from mlharness.sut.architectures: editing that module
+    alone converts again, into another cache entry; editing a module the factory does not import
+    keeps the cached graph."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    package = tmp_path / "code" / "convpkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "scale.py").write_text("SCALE = 1.0\n")
+    (package / "unrelated.py").write_text("X = 1\n")
+    (package / "net.py").write_text(textwrap.dedent(FACTORY_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    source = textwrap.dedent(SOURCE)
+    source = source[:source.index("    factory: |")] + "    factory: convpkg.net:factory\n" + source[source.index("preprocess:"):]
+    write_manifest(specs_copy / "models", "conv-torch.yaml", source)
+    write_manifest(specs_copy / "models", "conv-onnx.yaml", TARGET)
+
+    def convert() -> dict[str, str]:
+        for name in ("convpkg", "convpkg.net", "convpkg.scale", "convpkg.unrelated"):
+            monkeypatch.delitem(sys.modules, name, raising=False)  # the export imports the files as they are now
+        assert run_cli("convert", "conv", "--backend", "onnxruntime") == 0
+        return printed(capsys.readouterr().out)
+
+    first = convert()
+    assert first["state"] == "converted"
+    (package / "unrelated.py").write_text("X = 2\n")
+    assert convert()["state"] == "cached (verified)"
+    (package / "scale.py").write_text("SCALE = 2.0\n")
+    edited = convert()
+    assert edited["state"] == "converted" and edited["file"] != first["file"]
 
 
 def test_a_failing_export_check_is_one_line_and_leaves_no_artifact(specs_copy: Path, cache: Path,
