@@ -160,9 +160,11 @@ def test_signal_mid_run_stops_the_run_and_keeps_its_logs(earlier: tuple[Path, di
 def test_killed_run_is_closed_by_the_next_run(earlier: tuple[Path, dict[str, str]]) -> None:
     results, before = earlier
     proc = start_long_run(results)
-    # SIGKILL to the launcher and its run alike: nothing gets to clean up.
+    # SIGKILL to the launcher and its run alike: nothing gets to clean up. The launcher is stopped
+    # first: left running, it could see its run end before its own kill came, and close the run.
     children = psutil.Process(proc.pid).children()
     assert children, "the run's process"
+    os.killpg(proc.pid, signal.SIGSTOP)
     for child in children:
         os.killpg(child.pid, signal.SIGKILL)
     os.killpg(proc.pid, signal.SIGKILL)
