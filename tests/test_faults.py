@@ -116,8 +116,12 @@ def assert_intact(results: Path, before: dict[str, str]) -> None:
     assert not list(results.rglob(".staging-*")), "a staging folder outlived its run"
 
 
-# An hour-long test: whatever ends it within a test's time was a stop, not its end.
-LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", "min_query_count=100000000")
+# An hour-long test of the null model slowed to 20 ms a query (the CPU idle while it waits): whatever
+# ends it within a test's time was a stop, not its end. LoadGen generates its queries up front: an hour
+# at 20 ms is 180,000 of them (the null model's own 100 million took a core and 3 GB until stopped).
+LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", "min_query_count=1",
+        "--set", "target_latency=20")
+SLOW_POSTPROCESS = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.02)\n    return outputs[\"scores\"]\n"
 # A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
 # run is under way when it fires, however slow the start (the child's clock starts before its imports).
 TIMEOUT = 15
@@ -127,7 +131,7 @@ TIMEOUT = 15
 
 def start_long_run(results: Path) -> subprocess.Popen:
     """An hour-long null run, returned once LoadGen's test is under way (its detail log begun)."""
-    proc = start(results, "null", *LONG)
+    proc = start(results, str(null_manifest(results.parent / "long-model", postprocess=SLOW_POSTPROCESS)), *LONG)
 
     def under_way() -> bool:
         assert proc.poll() is None, proc.communicate()[1]

@@ -787,11 +787,25 @@ def test_each_run_kind_has_its_runner() -> None:
 # ---- real runs through the launcher, the parent in this process --------------------------------
 
 NULL = (Path(__file__).resolve().parents[1] / "specs" / "models" / "null.yaml").read_text()
-# An hour-long test: whatever ends it within a test's time was a stop, not its end.
-LONG = ("min_duration=3600000", "min_query_count=100000000")
+# An hour-long test of idle_null's model: whatever ends it within a test's time was a stop, not its end.
+# LoadGen generates the test's queries up front: an hour at 20 ms a query is 180,000 of them (the
+# null model's own 100 million took a core and 3 GB until the test was stopped).
+LONG = ("min_duration=3600000", "min_query_count=1", "target_latency=20")
 # A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
 # run is under way when it fires, however slow the start (the child's clock starts before its imports).
 TIMEOUT = 15
+
+
+def idle_null(folder: Path) -> Path:
+    """The null model whose postprocess sleeps 20 ms a query, for LONG runs: LoadGen issues query after
+    query as it does for the null model, with the CPU idle while it waits."""
+    code = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.02)\n    return outputs[\"scores\"]\n"
+    text = NULL.replace("attributes:", "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
+                        + "attributes:", 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "null.yaml"
+    path.write_text(text)
+    return path
 
 
 def null_with(folder: Path, preprocess: str) -> Path:
@@ -888,7 +902,8 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
     put back."""
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results, timeout=120)
+    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+                     results_dir=results, timeout=120)
     workfolders: list[str] = []
 
     def look_then_interrupt() -> None:
@@ -913,7 +928,8 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
 def test_a_run_past_its_timeout_is_failed_by_its_own_process(tmp_path: Path, private_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     results = tmp_path / "results"
-    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results, timeout=TIMEOUT)
+    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+                     results_dir=results, timeout=TIMEOUT)
     sent = sent_signals(monkeypatch)
     outcome = LocalLauncher(grace=60, store=False, output=tmp_path / "out.txt").submit(req)
     assert sent == [], "the run ended itself: the parent never had to kill it"
@@ -1081,8 +1097,8 @@ def test_the_run_process_stops_itself(tmp_path: Path, private_tmp: Path, how: ob
     logs, writes the envelope and exits with the status the CLI will use. SIGHUP means the
     launching process is gone, so the run stores its own record."""
     results, workdir = tmp_path / "results", tmp_path / "w"
-    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=results,
-                     timeout=TIMEOUT if how == "timeout" else 600)
+    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+                     results_dir=results, timeout=TIMEOUT if how == "timeout" else 600)
     child = start_child(workdir, req, private_tmp)
     try:
         if how != "timeout":
@@ -1149,8 +1165,8 @@ def test_an_unexpected_error_while_waiting_kills_the_run_and_propagates(tmp_path
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
     monkeypatch.setattr(launcher.time, "monotonic", failing_clock)
-    req = RunRequest(model="null", scenario="SingleStream", overrides=LONG, results_dir=tmp_path / "results",
-                     timeout=120)
+    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+                     results_dir=tmp_path / "results", timeout=120)
     with pytest.raises(RuntimeError, match="the clock broke"):
         LocalLauncher(store=False, output=tmp_path / "out.txt")._run_child(req, tmp_path / "work")
     monkeypatch.undo()
