@@ -9,7 +9,7 @@ import pytest
 
 from mlharness.records.loadgen_logs import parse_summary
 from mlharness.running.settings import SCENARIOS
-from tests.support import read_run, run_cli, scenario_root
+from tests.support import REPO, read_run, run_cli, scenario_root
 
 
 @pytest.mark.parametrize("model", ["null", "resnet50-light"])
@@ -63,15 +63,27 @@ def test_batching_sends_whole_batches_to_a_symbolic_batch_graph(tmp_path: Path, 
 
 
 def test_find_peak_mode_on_server(tmp_path: Path) -> None:
-    # LoadGen's search needs its first target met: start low and allow 100 ms, so a loaded machine
-    # cannot fail the first step (at the preset's 2000 QPS / 10 ms it once did).
-    assert run_cli("run", "null", "--scenario", "Server", "--mode", "find-peak", "--quick",
-                   "--set", "min_duration=200", "--set", "target_qps=200", "--set", "target_latency=100",
-                   "--results-dir", tmp_path) == 0
+    """LoadGen's search for the highest VALID target, on a model whose peak is fixed by construction:
+    the null model answering one query at a time, each after a 1 ms sleep, can never serve more than
+    1000 QPS. The search starts at 100 QPS, which a loaded machine meets too, and allows 100 ms at the
+    99th percentile; a step above the peak for its 500 ms builds a queue that stays within that bound
+    only up to about 1200 QPS."""
+    null = (REPO / "specs" / "models" / "null.yaml").read_text()
+    code = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.001)\n    return outputs[\"scores\"]\n"
+    model = tmp_path / "null-1ms.yaml"
+    model.write_text(null.replace("attributes:", "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
+                                  + "attributes:", 1))
+    assert run_cli("run", model, "--scenario", "Server", "--mode", "find-peak", "--quick",
+                   "--set", "min_duration=500", "--set", "target_qps=100", "--set", "target_latency=100",
+                   "--set", "max_batch_size=1", "--set", "workers=1", "--results-dir", tmp_path) == 0
     summary = read_run(tmp_path, "null", "Server")["performance"]
     assert summary["mode"] == "FindPeakPerformance"
-    # The search ran: it ends on a VALID target above where it started.
-    assert summary["result"] == "VALID" and summary["raw"]["target_qps"] > 200
+    # The search ran: it ends on the highest target whose latency bound held, above where it started and
+    # not far past the peak. Whether LoadGen calls it VALID is left open: at that edge some queries come
+    # close to the bound, and its early-stopping estimate then wants more queries than a step has.
+    assert 100 < summary["target_qps"] < 2000, summary["target_qps"]
+    assert summary["raw"]["Performance constraints satisfied"] == "Yes"
+    assert summary["p99_latency_ns"] <= 100_000_000
 
 
 def test_the_run_records_the_cpus_it_may_use(tmp_path: Path) -> None:
