@@ -342,6 +342,7 @@ def under_address_sanitizer() -> bool:
         return "libasan" in maps.read()
 
 
+@pytest.mark.slow  # four LoadGen runs of half a million responses each
 @pytest.mark.parametrize("kind", ["native-loadgen-c", "native-pybind"])
 def test_no_leak_over_a_million_responses(kind: str) -> None:
     handoff = HANDOFFS[kind]()
