@@ -290,21 +290,11 @@ def test_convert_force_converts_again(specs_copy: Path, cache: Path, capsys: pyt
         [graph.name, graph.name + ".sha256", graph.name + ".provenance.json"])  # nothing else left behind
 
 
-FACTORY_MODULE = """\
-    import torch
-    from .scale import SCALE
-
-    class Scaled(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.linear = torch.nn.Linear(1, 3)
-        def forward(self, x):
-            return self.linear(x) * SCALE
-
-    def factory(ctx):
-        return Scaled()
-    """
+def factory_module() -> str:
+    """SOURCE's inline factory as a module of its own that takes SCALE from its package's `scale`."""
+    source = textwrap.dedent(SOURCE)
+    inline = source[source.index("factory: |\n") + len("factory: |\n"):source.index("preprocess:")]
+    return "from .scale import SCALE\n" + textwrap.dedent(inline)
 
 
 def test_editing_a_module_the_factory_imports_converts_again(specs_copy: Path, cache: Path, tmp_path: Path,
@@ -321,7 +311,7 @@ def test_editing_a_module_the_factory_imports_converts_again(specs_copy: Path, c
     (package / "__init__.py").write_text("")
     (package / "scale.py").write_text("SCALE = 1.0\n")
     (package / "unrelated.py").write_text("X = 1\n")
-    (package / "net.py").write_text(textwrap.dedent(FACTORY_MODULE))
+    (package / "net.py").write_text(factory_module())
     monkeypatch.syspath_prepend(str(tmp_path / "code"))
     source = textwrap.dedent(SOURCE)
     source = source[:source.index("    factory: |")] + "    factory: convpkg.net:factory\n" + source[source.index("preprocess:"):]
