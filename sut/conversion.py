@@ -6,9 +6,9 @@ beside `<file>.sha256` and `<file>.provenance.json` (source manifest, its verifi
 version, opset, dynamic axes, a numeric check against the source). The cache key covers everything
 the output depends on, so a changed source, factory module (or a module of its package it imports),
 option or exporter version converts again; a cached file is reused only if its sha256 still matches
-its provenance. A manifest never pins a converted file's sha256: weight folding does float math whose last bits depend on the CPU's
-kernels, so the bytes differ between machines; the output check against the source is the gate and
-the sha256 is recorded (provenance, run record, results database)."""
+its provenance. A manifest never pins a converted file's sha256: weight folding does float math
+whose last bits depend on the CPU's kernels, so the bytes differ between machines; the output check
+against the source is the gate and the sha256 is recorded (provenance, run record, results database)."""
 from __future__ import annotations
 
 import datetime
