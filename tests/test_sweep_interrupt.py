@@ -127,11 +127,16 @@ def test_a_signal_while_ended_cells_are_recorded_waits_until_all_are(tmp_path: P
         store.start_sweep("together", "together", "grid.yaml", {}, "2026-11-29T00:00:00Z")
     cells = [Cell.of(model="null", scenario="Offline", overrides=(f"target_qps={qps}",)) for qps in (1, 2)]
     jobs = [CellJob(cell, 0, cell.key, cell.request) for cell in cells]
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with pytest.raises(RunInterrupted) as stopped:
-        run_cells(jobs, _TwoEndTogether(jobs, stop), "together", db)
+    # SIGINT as a terminal's user has it (a background job, as CI may be, inherits it ignored).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        with pytest.raises(RunInterrupted) as stopped:
+            run_cells(jobs, _TwoEndTogether(jobs, stop), "together", db)
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back after it
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert stopped.value.exit_status == 128 + stop
     assert "2 cell run(s) recorded" in str(stopped.value)
     with ResultStore(db) as store:
         assert sorted(row["run_id"] for row in store.sweep_cells("together")) == ["run-0", "run-1"]
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back after it
