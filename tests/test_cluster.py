@@ -366,3 +366,28 @@ def test_without_ray_cluster_is_a_one_line_error_naming_the_extra(tmp_path: Path
     assert done.stderr == ("mlharness: error: ray is not installed (needed for --cluster and mlharness node "
                            "(sweeps on a Ray cluster)); pip install 'mlharness[cluster]'\n")
     assert not (tmp_path / "results").exists()
+
+
+def test_a_cancel_during_the_scratch_removal_still_removes_it_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray raises a cell's cancel (the sweep's Ctrl-C) as a KeyboardInterrupt in the task's thread. One
+    that lands while the task removes its scratch folder must not leave the rest of the folder on the
+    node. Stood in for here: the interrupt comes from the third file removal (a real cancel cannot be
+    aimed at that moment)."""
+    from mlharness.cluster.ray_launcher import remove_scratch
+
+    scratch = tmp_path / "mlharness-node-cell-x"
+    for i in range(6):
+        (scratch / "results" / f"run{i}").mkdir(parents=True)
+        (scratch / "results" / f"run{i}" / "README.md").write_text("x")
+    real_unlink, calls = os.unlink, []
+
+    def unlink(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        real_unlink(*args, **kwargs)
+        if len(calls) == 3:
+            raise KeyboardInterrupt()
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(KeyboardInterrupt):  # the cancel goes on once the folder is gone
+        remove_scratch(scratch)
+    assert not scratch.exists()

@@ -57,7 +57,22 @@ def run_on_node(request_json: str) -> dict[str, Any]:
                 "files": _run_files(results_dir, outcome), "output": text, "traceback": traceback_text,
                 "hostname": socket.gethostname(), "node_id": _node_id()}
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_scratch(scratch)
+
+
+def remove_scratch(scratch: Path) -> None:
+    """Remove the task's scratch folder whole, also when the sweep's Ctrl-C cancels the task during the
+    removal: Ray raises the cancel as a KeyboardInterrupt in this thread, which would stop the removal
+    half-way and leave the folder on the node. The removal finishes, then the interrupt goes on."""
+    interrupted: KeyboardInterrupt | None = None
+    while True:
+        try:
+            shutil.rmtree(scratch, ignore_errors=True)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def _node_id() -> str | None:
