@@ -194,6 +194,34 @@ def linear_torch_model(name: str, *, sources: str = "", target_qps: int = 500, a
     return "\n".join(lines + (["accuracy: {metric: topk, k: [1]}"] if accuracy else [])) + "\n"
 
 
+def null_model_with(folder: Path, *, preprocess: str | None = None, postprocess: str | None = None,
+                    name: str = "null") -> Path:
+    """The shipped null model with other code (same name unless told, so it publishes where a null run
+    does), written under a name of its own text so two variants never overwrite each other."""
+    text = (REPO / "specs" / "models" / "null.yaml").read_text()
+    if preprocess is not None:
+        start, end = text.index("preprocess: |"), text.index("attributes:")
+        text = text[:start] + "preprocess: |\n" + _block(preprocess) + text[end:]
+    if postprocess is not None:
+        text = text.replace("attributes:", "postprocess: |\n" + _block(postprocess) + "attributes:", 1)
+    text = text.replace('name: "null"', f'name: "{name}"', 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _block(code: str) -> str:
+    """Code as the body of a YAML block scalar under a top-level key."""
+    return "".join(f"  {line}\n" for line in code.splitlines())
+
+
+def sleeping_postprocess(seconds: float) -> str:
+    """A postprocess that waits `seconds` per query: the null model's speed fixed by construction, with
+    the CPU idle while it waits."""
+    return f"import time\n\ndef postprocess(outputs, ctx):\n    time.sleep({seconds!r})\n    return outputs[\"scores\"]\n"
+
+
 def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60, poll: float = 0.02) -> None:
     """Wait for an event; the deadline only fails a test whose event never comes (never a verdict on speed)."""
     deadline = time.monotonic() + timeout

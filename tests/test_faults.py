@@ -22,29 +22,8 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from tests.support import REPO, ended, wait_for
+from tests.support import REPO, ended, null_model_with, sleeping_postprocess, wait_for
 from tests.unwritable import read_only_folder, without_overrides
-
-NULL = (REPO / "specs" / "models" / "null.yaml").read_text()
-
-
-def null_manifest(folder: Path, preprocess: str | None = None, postprocess: str | None = None,
-                  name: str = "null") -> Path:
-    """The shipped null model (same name, so it publishes where the good run did) with other code."""
-    text = NULL
-    if preprocess is not None:
-        start = text.index("preprocess: |")
-        end = text.index("attributes:")
-        text = text[:start] + "preprocess: |\n" + "".join(f"  {line}\n" for line in preprocess.splitlines()) + text[end:]
-    if postprocess is not None:
-        text = text.replace("attributes:", "postprocess: |\n" + "".join(
-            f"  {line}\n" for line in postprocess.splitlines()) + "attributes:", 1)
-    text = text.replace('name: "null"', f'name: "{name}"', 1)
-    path = folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
 
 _STARTED: list[subprocess.Popen] = []
 
@@ -121,7 +100,6 @@ def assert_intact(results: Path, before: dict[str, str]) -> None:
 # at 20 ms is 180,000 of them (the null model's own 100 million took a core and 3 GB until stopped).
 LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", "min_query_count=1",
         "--set", "target_latency=20")
-SLOW_POSTPROCESS = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.02)\n    return outputs[\"scores\"]\n"
 # A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
 # run is under way when it fires, however slow the start (the child's clock starts before its imports).
 TIMEOUT = 15
@@ -131,7 +109,7 @@ TIMEOUT = 15
 
 def start_long_run(results: Path) -> subprocess.Popen:
     """An hour-long null run, returned once LoadGen's test is under way (its detail log begun)."""
-    proc = start(results, str(null_manifest(results.parent / "long-model", postprocess=SLOW_POSTPROCESS)), *LONG)
+    proc = start(results, str(null_model_with(results.parent / "long-model", postprocess=sleeping_postprocess(0.02))), *LONG)
 
     def under_way() -> bool:
         assert proc.poll() is None, proc.communicate()[1]
@@ -213,7 +191,7 @@ def test_killed_launcher_fails_its_run(earlier: tuple[Path, dict[str, str]]) -> 
 def test_user_code_that_ends_the_process_is_a_failed_run(earlier: tuple[Path, dict[str, str]], tmp_path: Path,
                                                          where: str, code_text: str, expected: str) -> None:
     results, before = earlier
-    manifest = null_manifest(tmp_path / "models", **{where: code_text})
+    manifest = null_model_with(tmp_path / "models", **{where: code_text})
     code, out, err = finish(start(results, str(manifest), "--scenario", "SingleStream", "--quick"))
     assert code == 1
     line = error_line(err)
@@ -231,7 +209,7 @@ def test_user_code_that_ends_the_process_is_a_failed_run(earlier: tuple[Path, di
 def test_user_code_that_hangs_times_out(earlier: tuple[Path, dict[str, str]], tmp_path: Path,
                                         hang_on: str, extra: tuple[str, ...], stage: str) -> None:
     results, before = earlier
-    manifest = null_manifest(tmp_path / "models", preprocess="import time\nimport numpy as np\n\n"
+    manifest = null_model_with(tmp_path / "models", preprocess="import time\nimport numpy as np\n\n"
                              "def preprocess(sample, ctx):\n"
                              f"    while {hang_on}:\n        time.sleep(1)\n"
                              "    return np.array([sample], dtype=np.float32)\n")
@@ -247,7 +225,7 @@ def test_user_code_that_hangs_times_out(earlier: tuple[Path, dict[str, str]], tm
 
 def test_a_run_past_its_timeout_is_stopped(earlier: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     results, before = earlier
-    manifest = null_manifest(tmp_path / "models", postprocess="import time\n\ndef postprocess(outputs, ctx):\n"
+    manifest = null_model_with(tmp_path / "models", postprocess="import time\n\ndef postprocess(outputs, ctx):\n"
                                                                "    time.sleep(3600)\n")
     # The postprocess sleeps an hour: only the timeout ends the run before `finish` gives up (120 s).
     code, out, err = finish(start(results, str(manifest), "--scenario", "SingleStream", "--quick",
@@ -261,7 +239,7 @@ def test_a_run_past_its_timeout_is_stopped(earlier: tuple[Path, dict[str, str]],
 
 def test_a_bug_in_user_code_keeps_its_traceback(earlier: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     results, before = earlier
-    manifest = null_manifest(tmp_path / "models", postprocess="def helper(x):\n    return x['nope']\n\n"
+    manifest = null_model_with(tmp_path / "models", postprocess="def helper(x):\n    return x['nope']\n\n"
                                                                "def postprocess(outputs, ctx):\n    return helper(outputs)\n")
     code, out, err = finish(start(results, str(manifest), "--scenario", "Offline", "--quick"))
     assert code == 1

@@ -43,7 +43,7 @@ from mlharness.running.run_folders import (
 from mlharness.running.request import RunRequest
 from mlharness.store import result_store
 from mlharness.store.result_store import ResultStore
-from tests.support import ended, wait_for
+from tests.support import ended, null_model_with, sleeping_postprocess, wait_for
 from tests.unwritable import read_only_folder, without_overrides
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -786,36 +786,13 @@ def test_each_run_kind_has_its_runner() -> None:
 
 # ---- real runs through the launcher, the parent in this process --------------------------------
 
-NULL = (Path(__file__).resolve().parents[1] / "specs" / "models" / "null.yaml").read_text()
-# An hour-long test of idle_null's model: whatever ends it within a test's time was a stop, not its end.
-# LoadGen generates the test's queries up front: an hour at 20 ms a query is 180,000 of them (the
-# null model's own 100 million took a core and 3 GB until the test was stopped).
+# An hour-long test of the null model slowed to 20 ms a query: whatever ends it within a test's time
+# was a stop, not its end. LoadGen generates the test's queries up front: an hour at 20 ms a query
+# is 180,000 of them (the null model's own 100 million took a core and 3 GB until it was stopped).
 LONG = ("min_duration=3600000", "min_query_count=1", "target_latency=20")
 # A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
 # run is under way when it fires, however slow the start (the child's clock starts before its imports).
 TIMEOUT = 15
-
-
-def idle_null(folder: Path) -> Path:
-    """The null model whose postprocess sleeps 20 ms a query, for LONG runs: LoadGen issues query after
-    query as it does for the null model, with the CPU idle while it waits."""
-    code = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.02)\n    return outputs[\"scores\"]\n"
-    text = NULL.replace("attributes:", "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
-                        + "attributes:", 1)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "null.yaml"
-    path.write_text(text)
-    return path
-
-
-def null_with(folder: Path, preprocess: str) -> Path:
-    """The shipped null model with another preprocess."""
-    start, end = NULL.index("preprocess: |"), NULL.index("attributes:")
-    text = NULL[:start] + "preprocess: |\n" + "".join(f"  {line}\n" for line in preprocess.splitlines()) + NULL[end:]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "null.yaml"
-    path.write_text(text)
-    return path
 
 
 @pytest.fixture
@@ -880,7 +857,7 @@ def test_a_run_comes_back_as_its_record_and_is_stored(tmp_path: Path, private_tm
 
 def test_a_child_that_exits_mid_run_is_a_failed_run(tmp_path: Path, private_tmp: Path) -> None:
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
-    model = null_with(tmp_path / "models", "import os\n\ndef preprocess(sample, ctx):\n    os._exit(3)\n")
+    model = null_model_with(tmp_path / "models", preprocess="import os\n\ndef preprocess(sample, ctx):\n    os._exit(3)\n")
     req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=results, timeout=60)
     outcome = LocalLauncher(db_path=db, output=tmp_path / "out.txt").submit(req)
     why = "the run's process exited with status 3 before finishing the run"
@@ -902,7 +879,8 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
     put back."""
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=120)
     workfolders: list[str] = []
 
@@ -928,7 +906,8 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
 def test_a_run_past_its_timeout_is_failed_by_its_own_process(tmp_path: Path, private_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     results = tmp_path / "results"
-    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=TIMEOUT)
     sent = sent_signals(monkeypatch)
     outcome = LocalLauncher(grace=60, store=False, output=tmp_path / "out.txt").submit(req)
@@ -945,7 +924,7 @@ def test_a_child_that_cannot_stop_itself_is_killed_after_its_timeout(tmp_path: P
     process group, not before the timeout, the grace and 5 s have passed, and the failed run says it
     timed out."""
     results = tmp_path / "results"
-    model = null_with(tmp_path / "models", "import ctypes\n\ndef preprocess(sample, ctx):\n"
+    model = null_model_with(tmp_path / "models", preprocess="import ctypes\n\ndef preprocess(sample, ctx):\n"
                                            "    ctypes.PyDLL(None).sleep(120)\n")
     req = RunRequest(model=str(model), scenario="Offline", quick=True, results_dir=results, timeout=TIMEOUT)
     sent = sent_signals(monkeypatch)
@@ -966,7 +945,7 @@ def test_a_child_that_ignores_the_forwarded_signal_is_killed_after_the_grace(tmp
     wait for the run's timeout instead, the run would end itself first, saying it timed out.)"""
     results = tmp_path / "results"
     ignoring = tmp_path / "ignoring"
-    model = null_with(tmp_path / "models", "import signal, time\n\ndef preprocess(sample, ctx):\n"
+    model = null_model_with(tmp_path / "models", preprocess="import signal, time\n\ndef preprocess(sample, ctx):\n"
                                            "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                                            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                                            f"    open({str(ignoring)!r}, 'w').close()\n"
@@ -996,7 +975,7 @@ def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Pat
     seen = tmp_path / "seen.json"
     extra = str(tmp_path / "on-the-callers-path")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (extra, os.environ.get("PYTHONPATH")) if p))
-    model = null_with(tmp_path / "models", "import json, os, sys\nimport numpy as np\nimport mlharness\n\n"
+    model = null_model_with(tmp_path / "models", preprocess="import json, os, sys\nimport numpy as np\nimport mlharness\n\n"
                                            "def preprocess(sample, ctx):\n"
                                            f"    with open({str(seen)!r}, 'w') as out:\n"
                                            "        json.dump([mlharness.__file__, os.environ['PYTHONPATH']], out)\n"
@@ -1097,7 +1076,8 @@ def test_the_run_process_stops_itself(tmp_path: Path, private_tmp: Path, how: ob
     logs, writes the envelope and exits with the status the CLI will use. SIGHUP means the
     launching process is gone, so the run stores its own record."""
     results, workdir = tmp_path / "results", tmp_path / "w"
-    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=TIMEOUT if how == "timeout" else 600)
     child = start_child(workdir, req, private_tmp)
     try:
@@ -1130,7 +1110,7 @@ def test_without_an_output_file_the_run_writes_to_the_callers_own_descriptors(tm
                                                                            capfd: pytest.CaptureFixture[str]) -> None:
     """LocalLauncher(output=None), as the CLI runs it: the run's process inherits stdout and stderr, each
     to its own (what user code prints to stderr must not land on stdout)."""
-    model = null_with(tmp_path / "models", "import sys\nimport numpy as np\n\ndef preprocess(sample, ctx):\n"
+    model = null_model_with(tmp_path / "models", preprocess="import sys\nimport numpy as np\n\ndef preprocess(sample, ctx):\n"
                                            "    if sample == 0:\n"
                                            "        print('from the run: out', flush=True)\n"
                                            "        print('from the run: err', file=sys.stderr, flush=True)\n"
@@ -1165,7 +1145,8 @@ def test_an_unexpected_error_while_waiting_kills_the_run_and_propagates(tmp_path
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
     monkeypatch.setattr(launcher.time, "monotonic", failing_clock)
-    req = RunRequest(model=str(idle_null(tmp_path / "models")), scenario="SingleStream", overrides=LONG,
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=tmp_path / "results", timeout=120)
     with pytest.raises(RuntimeError, match="the clock broke"):
         LocalLauncher(store=False, output=tmp_path / "out.txt")._run_child(req, tmp_path / "work")

@@ -9,7 +9,7 @@ import pytest
 
 from mlharness.records.loadgen_logs import parse_summary
 from mlharness.running.settings import SCENARIOS
-from tests.support import REPO, read_run, run_cli, scenario_root
+from tests.support import null_model_with, read_run, run_cli, scenario_root, sleeping_postprocess
 
 
 @pytest.mark.parametrize("model", ["null", "resnet50-light"])
@@ -68,11 +68,7 @@ def test_find_peak_mode_on_server(tmp_path: Path) -> None:
     1000 QPS. The search starts at 100 QPS, which a loaded machine meets too, and allows 100 ms at the
     99th percentile; a step above the peak for its 500 ms builds a queue that stays within that bound
     only up to about 1200 QPS."""
-    null = (REPO / "specs" / "models" / "null.yaml").read_text()
-    code = "import time\n\ndef postprocess(outputs, ctx):\n    time.sleep(0.001)\n    return outputs[\"scores\"]\n"
-    model = tmp_path / "null-1ms.yaml"
-    model.write_text(null.replace("attributes:", "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
-                                  + "attributes:", 1))
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.001))
     assert run_cli("run", model, "--scenario", "Server", "--mode", "find-peak", "--quick",
                    "--set", "min_duration=500", "--set", "target_qps=100", "--set", "target_latency=100",
                    "--set", "max_batch_size=1", "--set", "workers=1", "--results-dir", tmp_path) == 0
