@@ -299,17 +299,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_filters(parser: argparse.ArgumentParser) -> None:
+    """The filters `results list` and `results export` share: each keeps only the runs that match."""
+    parser.add_argument("--model")
+    parser.add_argument("--scenario", choices=SCENARIOS)
+    parser.add_argument("--backend")
+    parser.add_argument("--status", choices=("ok", "failed", "running"))
+    parser.add_argument("--mode")
+    parser.add_argument("--sweep", help="only the runs of this sweep id")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     results = sub.add_parser("results", help="query the results database").add_subparsers(
         dest="results_command", required=True)
 
     listing = results.add_parser("list", help="list runs, newest first")
-    listing.add_argument("--model")
-    listing.add_argument("--scenario", choices=SCENARIOS)
-    listing.add_argument("--backend")
-    listing.add_argument("--status", choices=("ok", "failed", "running"))
-    listing.add_argument("--mode")
-    listing.add_argument("--sweep", help="only the runs of this sweep id")
+    _add_run_filters(listing)
     listing.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50; 0 = all)")
     listing.add_argument("--json", action="store_true", help="print the index rows as JSON")
     listing.set_defaults(func=cmd_list)
@@ -345,12 +350,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "as MLPerf reports it, with the newest ok accuracy run's accuracy")
     export.add_argument("--all-figures", action="store_true", help="a column per figure of any run, not only "
                                                                    "the headline and accuracy")
-    export.add_argument("--model")
-    export.add_argument("--scenario", choices=SCENARIOS)
-    export.add_argument("--backend")
-    export.add_argument("--status", choices=("ok", "failed", "running"))
-    export.add_argument("--mode")
-    export.add_argument("--sweep", help="only the runs of this sweep id")
+    _add_run_filters(export)
     export.add_argument("--system", help="only the runs of this system (as results list shows it)")
     export.set_defaults(func=cmd_export)
 
