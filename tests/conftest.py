@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -101,3 +103,25 @@ def specs_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = copy_specs(tmp_path / "specs")
     monkeypatch.setenv("MLHARNESS_SPECS", str(root))
     return root
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept() -> Iterator[None]:
+    """A test leaves the process's signal handlers as it found them. One left behind changes what a
+    later test in the same worker sees: the sweep leaves a SIGINT handler that is not Python's default
+    alone, so its Ctrl-C test then never interrupts. A changed handler errors at teardown, naming the
+    test, and is put back."""
+    if threading.current_thread() is not threading.main_thread():  # handlers are only the main thread's
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    yield
+    after = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    changed = sorted(signal.Signals(sig).name for sig in _SIGNALS if after[sig] != before[sig])
+    for sig in _SIGNALS:
+        if after[sig] != before[sig]:
+            signal.signal(sig, before[sig])
+    assert not changed, f"the test left these signal handlers changed: {', '.join(changed)}"
