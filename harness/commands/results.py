@@ -51,15 +51,12 @@ def open_store(args: argparse.Namespace, create: bool = False):  # noqa: ANN201 
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from mlharness.store.result_store import RunFilter
     from mlharness.tables import format_table
 
     if args.limit < 0:
         raise UserError(f"--limit: expected a number of rows >= 0 (0 = all), got {args.limit}")
-    flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
-                    mode=args.mode, sweep=args.sweep)
     with open_store(args) as store:
-        rows = store.list_runs(flt, limit=args.limit)
+        rows = store.list_runs(_run_filter(args), limit=args.limit)
     if args.json:
         print(json.dumps([{k: row[k] for k in row.keys() if k != "record_json"} for row in rows], indent=2))
         return 0
@@ -272,10 +269,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from mlharness.atomic_io import write_text
     from mlharness.errors import UserError
-    from mlharness.store.result_store import RunFilter
 
-    flt = RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
-                    mode=args.mode, sweep=args.sweep, system=args.system)
+    flt = _run_filter(args, system=args.system)
     if args.format == "table" and not args.summary:
         raise UserError("--format table: only with --summary (the full export is csv or jsonl)")
     with open_store(args) as store:
@@ -307,6 +302,14 @@ def _add_run_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", choices=("ok", "failed", "running"))
     parser.add_argument("--mode")
     parser.add_argument("--sweep", help="only the runs of this sweep id")
+
+
+def _run_filter(args: argparse.Namespace, **more: str | None):  # noqa: ANN202 - RunFilter, imported lazily
+    """The RunFilter of the options `_add_run_filters` registered, plus a command's own (`more`)."""
+    from mlharness.store.result_store import RunFilter
+
+    return RunFilter(model=args.model, scenario=args.scenario, backend=args.backend, status=args.status,
+                     mode=args.mode, sweep=args.sweep, **more)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
