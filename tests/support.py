@@ -222,6 +222,21 @@ def sleeping_postprocess(seconds: float) -> str:
     return f"import time\n\ndef postprocess(outputs, ctx):\n    time.sleep({seconds!r})\n    return outputs[\"scores\"]\n"
 
 
+# An hour-long run of the null model slowed to 20 ms a query (the CPU idle while it waits): whatever ends
+# it within a test's time was a stop, not its end. LoadGen generates its queries up front: an hour at
+# 20 ms is 180,000 of them (the null model's own 100 million took a core and 3 GB until stopped).
+HOUR_LONG_SETTINGS = ("min_duration=3600000", "min_query_count=1", "target_latency=20")
+# A whole-run timeout for such a run, far above the ~1.2 s from start to a claimed run measured on 2
+# busy cores, so the run is under way when it fires, however slow the start (the child's clock starts
+# before its imports).
+HOUR_LONG_TIMEOUT_S = 15
+
+
+def hour_long_null(folder: Path) -> Path:
+    """The null model of HOUR_LONG_SETTINGS: 20 ms a query, as its target_latency says."""
+    return null_model_with(folder, postprocess=sleeping_postprocess(0.02))
+
+
 def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60, poll: float = 0.02) -> None:
     """Wait for an event; the deadline only fails a test whose event never comes (never a verdict on speed)."""
     deadline = time.monotonic() + timeout

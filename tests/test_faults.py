@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from tests.support import REPO, ended, null_model_with, sleeping_postprocess, wait_for
+from tests.support import HOUR_LONG_SETTINGS, HOUR_LONG_TIMEOUT_S, REPO, ended, hour_long_null, null_model_with, wait_for
 from tests.unwritable import read_only_folder, without_overrides
 
 _STARTED: list[subprocess.Popen] = []
@@ -95,21 +95,15 @@ def assert_intact(results: Path, before: dict[str, str]) -> None:
     assert not list(results.rglob(".staging-*")), "a staging folder outlived its run"
 
 
-# An hour-long test of the null model slowed to 20 ms a query (the CPU idle while it waits): whatever
-# ends it within a test's time was a stop, not its end. LoadGen generates its queries up front: an hour
-# at 20 ms is 180,000 of them (the null model's own 100 million took a core and 3 GB until stopped).
-LONG = ("--scenario", "SingleStream", "--set", "min_duration=3600000", "--set", "min_query_count=1",
-        "--set", "target_latency=20")
-# A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
-# run is under way when it fires, however slow the start (the child's clock starts before its imports).
-TIMEOUT = 15
+LONG = ("--scenario", "SingleStream", *(arg for setting in HOUR_LONG_SETTINGS for arg in ("--set", setting)))
+TIMEOUT = HOUR_LONG_TIMEOUT_S
 
 
 
 
 def start_long_run(results: Path) -> subprocess.Popen:
     """An hour-long null run, returned once LoadGen's test is under way (its detail log begun)."""
-    proc = start(results, str(null_model_with(results.parent / "long-model", postprocess=sleeping_postprocess(0.02))), *LONG)
+    proc = start(results, str(hour_long_null(results.parent / "long-model")), *LONG)
 
     def under_way() -> bool:
         assert proc.poll() is None, proc.communicate()[1]

@@ -43,7 +43,7 @@ from mlharness.running.run_folders import (
 from mlharness.running.request import RunRequest
 from mlharness.store import result_store
 from mlharness.store.result_store import ResultStore
-from tests.support import ended, null_model_with, sleeping_postprocess, wait_for
+from tests.support import HOUR_LONG_SETTINGS, HOUR_LONG_TIMEOUT_S, ended, hour_long_null, null_model_with, wait_for
 from tests.unwritable import read_only_folder, without_overrides
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -786,13 +786,8 @@ def test_each_run_kind_has_its_runner() -> None:
 
 # ---- real runs through the launcher, the parent in this process --------------------------------
 
-# An hour-long test of the null model slowed to 20 ms a query: whatever ends it within a test's time
-# was a stop, not its end. LoadGen generates the test's queries up front: an hour at 20 ms a query
-# is 180,000 of them (the null model's own 100 million took a core and 3 GB until it was stopped).
-LONG = ("min_duration=3600000", "min_query_count=1", "target_latency=20")
-# A whole-run timeout far above the ~1.2 s from start to a claimed run measured on 2 busy cores, so the
-# run is under way when it fires, however slow the start (the child's clock starts before its imports).
-TIMEOUT = 15
+LONG = HOUR_LONG_SETTINGS
+TIMEOUT = HOUR_LONG_TIMEOUT_S
 
 
 @pytest.fixture
@@ -879,7 +874,7 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
     put back."""
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    model = hour_long_null(tmp_path / "models")
     req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=120)
     workfolders: list[str] = []
@@ -906,7 +901,7 @@ def test_ctrl_c_to_the_launching_process_stops_the_run(tmp_path: Path, private_t
 def test_a_run_past_its_timeout_is_failed_by_its_own_process(tmp_path: Path, private_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     results = tmp_path / "results"
-    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    model = hour_long_null(tmp_path / "models")
     req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=TIMEOUT)
     sent = sent_signals(monkeypatch)
@@ -1076,7 +1071,7 @@ def test_the_run_process_stops_itself(tmp_path: Path, private_tmp: Path, how: ob
     logs, writes the envelope and exits with the status the CLI will use. SIGHUP means the
     launching process is gone, so the run stores its own record."""
     results, workdir = tmp_path / "results", tmp_path / "w"
-    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    model = hour_long_null(tmp_path / "models")
     req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=results, timeout=TIMEOUT if how == "timeout" else 600)
     child = start_child(workdir, req, private_tmp)
@@ -1145,7 +1140,7 @@ def test_an_unexpected_error_while_waiting_kills_the_run_and_propagates(tmp_path
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
     monkeypatch.setattr(launcher.time, "monotonic", failing_clock)
-    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.02))
+    model = hour_long_null(tmp_path / "models")
     req = RunRequest(model=str(model), scenario="SingleStream", overrides=LONG,
                      results_dir=tmp_path / "results", timeout=120)
     with pytest.raises(RuntimeError, match="the clock broke"):
