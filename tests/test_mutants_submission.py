@@ -1,0 +1,140 @@
+"""Tests that mutation testing of the submission module (tools/mutation/modules.toml, [submission]) asked
+for: each fails with the surviving mutant it names applied and passes without. The compliance
+verdicts as the official compliance scripts write them, on the functions themselves, with LoadGen's
+log formats written by hand (a few lines each)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlharness.errors import UserError
+from mlharness.submission import checker, compliance
+from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for
+
+
+def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
+    path.write_text(json.dumps([{"seq_id": i, "qsl_idx": index, "data": data}
+                                for i, (index, data) in enumerate(entries)]))
+    return path
+
+
+def _detail(path: Path, scenario: str, key: str, value: float, valid: bool = True) -> Path:
+    lines = [("effective_scenario", scenario), ("result_validity", "VALID" if valid else "INVALID"), (key, value)]
+    path.write_text("".join(f':::MLLOG {json.dumps({"key": k, "value": v, "metadata": {}})}\n' for k, v in lines))
+    return path
+
+
+# ---- TEST01's accuracy check -------------------------------------------------------------------
+
+def test_test01_counts_duplicates_matches_mismatches_and_missing_samples(tmp_path: Path) -> None:
+    """The accuracy run logged sample 1 four times (twice with other data), 2 and 5 once each; the audit
+    sampled 1 twice (equal), 2 and 5 (different), 7 and 8 (never in the accuracy run)."""
+    reference = _accuracy_log(tmp_path / "ref.json", (1, "AA"), (1, "AA"), (1, "BB"), (1, "CC"), (2, "DD"),
+                              (5, "GG"))
+    sampled = _accuracy_log(tmp_path / "test.json", (1, "AA"), (1, "AA"), (2, "EE"), (5, "HH"), (7, "FF"),
+                            (8, "II"))
+    verdict = compliance.verify_accuracy(reference, sampled)
+    assert verdict.lines == [f"reference accuracy log = {reference}", f"test accuracy log = {sampled}",
+                             "num_acc_log_entries = 6", "num_acc_log_duplicate_keys = 3",
+                             "num_acc_log_data_mismatch = 2", "num_perf_log_entries = 6",
+                             "num_perf_log_qsl_idx_match = 4", "num_perf_log_data_mismatch = 2",
+                             "num_missing_qsl_idxs = 2"]
+    assert not verdict.passed and verdict.text().endswith("TEST FAIL\n")
+
+
+def test_test01_passes_on_one_matching_sample_and_labels_the_logs_as_asked(tmp_path: Path) -> None:
+    reference = _accuracy_log(tmp_path / "ref.json", (3, "AA"), (4, "BB"))
+    verdict = compliance.verify_accuracy(reference, _accuracy_log(tmp_path / "test.json", (3, "AA")),
+                                         labels=("accuracy/log", "TEST01/log"))
+    assert verdict.passed and verdict.lines[:2] == ["reference accuracy log = accuracy/log",
+                                                     "test accuracy log = TEST01/log"]
+    assert "num_perf_log_qsl_idx_match = 1" in verdict.lines
+
+
+def test_test01_fails_on_one_mismatch_among_matches_and_when_nothing_was_sampled(tmp_path: Path) -> None:
+    reference = _accuracy_log(tmp_path / "ref.json", (3, "AA"), (4, "BB"))
+    one_wrong = compliance.verify_accuracy(reference, _accuracy_log(tmp_path / "t1.json", (3, "AA"), (4, "XX")))
+    assert not one_wrong.passed and "num_perf_log_data_mismatch = 1" in one_wrong.lines
+    empty = tmp_path / "t2.json"
+    empty.write_text("")  # LoadGen leaves the file empty when it sampled nothing
+    nothing = compliance.verify_accuracy(reference, empty)
+    assert not nothing.passed and "num_perf_log_entries = 0" in nothing.lines
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "expected LoadGen's accuracy log (a JSON list): Expecting property name"),
+    ('{"qsl_idx": 1}', "expected LoadGen's accuracy log (a JSON list), got dict"),
+    ('[{"qsl_idx": 1, "data": "AA"}, {"qsl_idx": 2}]', "entry 1: expected {qsl_idx: integer, data: ...}, "
+                                                       "got {'qsl_idx': 2}"),
+    ('[{"qsl_idx": "2", "data": "AA"}]', "entry 0: expected {qsl_idx: integer, data: ...}, got "),
+    ('["' + "x" * 100 + '"]', "entry 0: expected {qsl_idx: integer, data: ...}, got " + "x" * 80),
+])
+def test_an_unreadable_accuracy_log_is_one_error_naming_the_file_and_entry(tmp_path: Path, text: str,
+                                                                          message: str) -> None:
+    log = tmp_path / "mlperf_log_accuracy.json"
+    log.write_text(text)
+    with pytest.raises(UserError) as caught:
+        compliance.verify_accuracy(log, log)
+    assert str(caught.value).startswith(f"{log}: {message}")
+    if "x" * 80 in message:
+        assert str(caught.value) == f"{log}: {message}"  # cut at 80 characters
+
+
+# ---- the performance checks' thresholds --------------------------------------------------------
+
+def test_a_reference_rate_exactly_at_the_relaxed_limit_gets_the_relaxed_threshold(tmp_path: Path) -> None:
+    """TEST04 on SingleStream compares rates, 1e9 / latency: 5,000 ns is 200,000 a second, the limit
+    at and below which the threshold relaxes to 20%; the audit is 13.6% faster."""
+    verdict = compliance.verify_performance(
+        "TEST04", _detail(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000),
+        _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4400))
+    assert "threshold = 20%" in verdict.lines and verdict.passed
+
+
+# ---- the checker's compliance folders ----------------------------------------------------------
+
+def _audit_folder(folder: Path, test: str, **verdicts: str) -> Path:
+    """A compliance folder with every file `test` needs, non-empty; verify_*.txt say TEST PASS unless
+    `verdicts` gives their text. The detail log is left out: its own checks are another function's."""
+    for name in COMPLIANCE_FILES[test]:
+        if not name.endswith("mlperf_log_detail.txt"):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(verdicts.get(name.split(".")[0], "TEST PASS\n"))
+    return folder
+
+
+def _problems(found: list[checker.Problem]) -> list[tuple[Path, str, str]]:
+    return [(p.path, p.message, p.kind) for p in found]
+
+
+def test_a_missing_compliance_folder_is_one_problem_naming_the_test_and_benchmark(tmp_path: Path) -> None:
+    found = checker.check_compliance(tmp_path / "TEST01", "TEST01", "Offline", benchmark_for("resnet"))
+    assert _problems(found) == [(tmp_path / "TEST01", "missing: closed division needs TEST01 for resnet", "compliance")]
+
+
+def test_each_missing_or_empty_compliance_file_is_a_compliance_problem(tmp_path: Path) -> None:
+    folder = _audit_folder(tmp_path / "TEST01", "TEST01")
+    (folder / "accuracy" / "mlperf_log_accuracy.json").unlink()
+    (folder / "performance" / "run_1" / "mlperf_log_summary.txt").write_text("")
+    found = checker.check_compliance(folder, "TEST01", "Offline", benchmark_for("resnet"))
+    assert _problems(found) == [
+        (folder / "performance" / "run_1" / "mlperf_log_summary.txt", "empty: required file must have content",
+         "compliance"),
+        (folder / "performance" / "run_1" / "mlperf_log_detail.txt", "missing: required file", "compliance"),
+        (folder / "accuracy" / "mlperf_log_accuracy.json", "missing: required file", "compliance")]
+
+
+def test_a_verdict_without_test_pass_fails_only_for_the_files_the_test_writes(tmp_path: Path) -> None:
+    """TEST01 writes both verdicts; TEST04 only verify_performance.txt, so a verify_accuracy.txt left in
+    its folder is not its verdict."""
+    test01 = _audit_folder(tmp_path / "TEST01", "TEST01", verify_accuracy="TEST FAIL\n",
+                           verify_performance="TEST FAIL\n")
+    test04 = _audit_folder(tmp_path / "TEST04", "TEST04")
+    (test04 / "verify_accuracy.txt").write_text("TEST FAIL\n")
+    resnet = benchmark_for("resnet")
+    failed = [p for p in _problems(checker.check_compliance(test01, "TEST01", "Offline", resnet)) if "pass" in p[1]]
+    assert failed == [(test01 / "verify_accuracy.txt", "TEST01 did not pass (no 'TEST PASS' line)", "compliance"),
+                      (test01 / "verify_performance.txt", "TEST01 did not pass (no 'TEST PASS' line)", "compliance")]
+    assert not [p for p in checker.check_compliance(test04, "TEST04", "Offline", resnet) if "pass" in p.message]
