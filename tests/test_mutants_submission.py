@@ -4,14 +4,15 @@ verdicts as the official compliance scripts write them, on the functions themsel
 log formats written by hand (a few lines each)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from mlharness.errors import UserError
-from mlharness.submission import checker, compliance
-from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for
+from mlharness.submission import checker, compliance, runs, session
+from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -138,3 +139,68 @@ def test_a_verdict_without_test_pass_fails_only_for_the_files_the_test_writes(tm
     assert failed == [(test01 / "verify_accuracy.txt", "TEST01 did not pass (no 'TEST PASS' line)", "compliance"),
                       (test01 / "verify_performance.txt", "TEST01 did not pass (no 'TEST PASS' line)", "compliance")]
     assert not [p for p in checker.check_compliance(test04, "TEST04", "Offline", resnet) if "pass" in p.message]
+
+
+def test_a_verdict_file_with_bytes_that_are_not_utf8_is_read_not_refused(tmp_path: Path) -> None:
+    folder = _audit_folder(tmp_path / "TEST04", "TEST04")
+    (folder / "verify_performance.txt").write_bytes(b"test = caf\xe9\nTEST PASS\n")
+    assert not [p for p in checker.check_compliance(folder, "TEST04", "Offline", benchmark_for("resnet"))
+                if "pass" in p.message]
+
+
+def _mllog(key: str, value: object, **meta: bool) -> str:
+    return f":::MLLOG {json.dumps({'key': key, 'value': value, 'metadata': meta})}\n"
+
+
+def test_the_audits_detail_log_is_checked_as_a_compliance_run_beside_the_missing_files(tmp_path: Path) -> None:
+    """The audit runs with its own audit.config beside user.conf: LoadGen's error about several conf
+    files is expected there and tolerated; any other error, and a log of another scenario, are not."""
+    folder = _audit_folder(tmp_path / "TEST01", "TEST01")
+    (folder / "accuracy" / "mlperf_log_accuracy.json").unlink()
+    (folder / "performance" / "run_1" / "mlperf_log_detail.txt").write_text(
+        _mllog("error_invalid_config", "Multiple conf files are used", is_error=True)
+        + _mllog("error_runtime", "a sample went missing", is_error=True) + _mllog("effective_scenario", "Server"))
+    detail = folder / "performance" / "run_1" / "mlperf_log_detail.txt"
+    found = _problems(checker.check_compliance(folder, "TEST01", "Offline", benchmark_for("resnet")))
+    assert found[0] == (folder / "accuracy" / "mlperf_log_accuracy.json", "missing: required file", "compliance")
+    assert (detail, "LoadGen error: error_runtime: a sample went missing", "run") in found
+    assert (detail, "log is for scenario Server, folder says Offline", "tree") in found
+    assert not [p for p in found if "Multiple conf files" in p[1]]
+
+
+# ---- rules, records, the session's steps --------------------------------------------------------
+
+def test_the_scenarios_a_system_type_requires() -> None:
+    unet = benchmark_for("3d-unet-99")
+    assert required_scenarios(unet, "edge") == ("SingleStream", "Offline")
+    assert required_scenarios(unet, "datacenter") == ("Offline",)
+    assert required_scenarios(unet, "datacenter,edge") == ("SingleStream", "Offline")  # both, each once
+    # A benchmark whose datacenter scenarios are not all edge ones (as in rounds before this table).
+    served = dataclasses.replace(unet, datacenter_scenarios=("Server", "Offline"))
+    assert required_scenarios(served, "edge") == ("SingleStream", "Offline")
+    assert required_scenarios(served, "edge,datacenter") == ("SingleStream", "Offline", "Server")
+
+
+def test_an_unreadable_steps_file_is_one_error_naming_it(tmp_path: Path) -> None:
+    scenario_dir = tmp_path / "results" / "box" / "null" / "Offline"
+    scenario_dir.mkdir(parents=True)
+    (scenario_dir / runs.STEPS_FILE).write_text("{cut")
+    with pytest.raises(UserError) as caught:
+        runs.candidate_records(tmp_path / "results", scenario_dir)
+    assert str(caught.value).startswith(f"{scenario_dir / runs.STEPS_FILE}: cannot read run record: Expecting")
+
+
+@pytest.mark.parametrize("step, output", [
+    ("performance", "performance/run_1/mlperf_log_summary.txt"),
+    ("accuracy", "accuracy/mlperf_log_accuracy.json"),
+    ("TEST01", "TEST01"),
+])
+def test_a_done_step_counts_as_done_only_while_its_output_is_there(tmp_path: Path, step: str, output: str) -> None:
+    assert not session._step_output_exists(tmp_path, step)
+    for other in ("performance/run_1/mlperf_log_detail.txt", "performance/mlperf_log_summary.txt", "TEST04"):
+        (tmp_path / other).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / other).write_text("x")
+    assert not session._step_output_exists(tmp_path, step)
+    (tmp_path / output).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / output).write_text("x")
+    assert session._step_output_exists(tmp_path, step)
