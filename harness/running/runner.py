@@ -1,6 +1,7 @@
 """One run: manifests -> runtime -> LoadGen (per mode) -> results tree and run record."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,19 @@ from mlharness.running.resolve import (
 from mlharness.running.settings import Settings
 from mlharness.specs.manifests import ReferenceLog
 
-__all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "run_here"]
+__all__ = ["DEFAULT_RESULTS_DIR", "RunFailed", "RunRequest", "fatal_loadgen_errors", "run_here"]
+
+# LoadGen compares its PerfClock with the system clock over the performance test, in whole milliseconds,
+# and logs an error when they differ by more than 1%. A pause between its two clock reads at the start or
+# the end (a busy machine) is more than 1% of a test of a few milliseconds: over a test this short the
+# check says nothing about the clocks, so it does not fail the run. Over a longer one it does.
+CLOCK_CHECK = "PerfClock and system_clock differ"
+CLOCK_CHECK_MIN_SECONDS = 10.0
+
+
+def fatal_loadgen_errors(errors: list[str], test_seconds: float) -> list[str]:
+    """The errors LoadGen logged that fail the run: all but the clock check of a test under 10 s."""
+    return [e for e in errors if not (CLOCK_CHECK in e and test_seconds < CLOCK_CHECK_MIN_SECONDS)]
 
 
 def run_here(request: RunRequest, guard: lifecycle.Guard) -> RunRecord:
@@ -147,10 +160,14 @@ def _run_mode(mode: str, runtime: Any, settings: Settings, user_conf: Path, run:
         run.update(loadgen=run.record.loadgen | {mode: logged}, performance=summary)
     if failure is not None:
         raise failure
-    if problems["errors"]:
+    fatal = fatal_loadgen_errors(problems["errors"], elapsed)
+    if len(fatal) < len(problems["errors"]):
+        print(f"note: LoadGen's clock check failed over a test of {elapsed:.2f} s, shorter than "
+              f"{CLOCK_CHECK_MIN_SECONDS:g} s: not taken as a failure of this run (the error stays in its detail log)",
+              file=sys.stderr)
+    if fatal:
         # LoadGen replaced a setting or found the run broken: the numbers do not mean what was asked.
-        raise UserError(f"LoadGen logged {len(problems['errors'])} error(s) in the {mode} test, the first: "
-                        f"{problems['errors'][0][:300]}")
+        raise UserError(f"LoadGen logged {len(fatal)} error(s) in the {mode} test, the first: {fatal[0][:300]}")
     if mode == "accuracy":
         report = _score(runtime, dest, reference)
         run.update(accuracy=report.as_record())
