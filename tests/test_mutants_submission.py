@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from mlharness.errors import UserError
+from mlharness.running.request import RunRequest
 from mlharness.submission import checker, compliance, runs, session
 from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
+from tests.support import run_cli, scenario_root
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -197,10 +202,86 @@ def test_an_unreadable_steps_file_is_one_error_naming_it(tmp_path: Path) -> None
 ])
 def test_a_done_step_counts_as_done_only_while_its_output_is_there(tmp_path: Path, step: str, output: str) -> None:
     assert not session._step_output_exists(tmp_path, step)
-    for other in ("performance/run_1/mlperf_log_detail.txt", "performance/mlperf_log_summary.txt", "TEST04"):
+    for other in ("performance/run_1/mlperf_log_detail.txt", "performance/mlperf_log_summary.txt", "TEST04",
+                  "accuracy/accuracy.txt"):
         (tmp_path / other).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / other).write_text("x")
     assert not session._step_output_exists(tmp_path, step)
     (tmp_path / output).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / output).write_text("x")
     assert session._step_output_exists(tmp_path, step)
+
+
+def test_an_audit_is_expected_to_take_as_long_as_its_scenarios_performance_run() -> None:
+    """The progress line's estimate: an audit or accuracy step as long as the measured performance
+    step; the performance step itself, or any step before a measurement, the full length plus 10%."""
+    state = {"steps": {"Offline/performance": {"status": "done", "seconds": 42.5},
+                       "Server/performance": {"status": "failed"}}}
+    assert session._expected_seconds(state, "Offline", "TEST01") == 42.5
+    assert session._expected_seconds(state, "Offline", "performance") == pytest.approx(660)
+    assert session._expected_seconds(state, "Server", "TEST04") == pytest.approx(660)
+    assert session._expected_seconds(state, "SingleStream", "TEST04") == pytest.approx(660)
+
+
+
+def test_audit_config_text_names_its_test_then_each_key() -> None:
+    assert compliance.audit_config_text("TEST04").splitlines() == [
+        "# TEST04 audit.config written by mlharness (keys as in mlcommons/inference compliance/TEST04)",
+        "*.*.mode = 2", "*.*.performance_issue_unique = 0", "*.*.performance_issue_same = 1",
+        "*.*.performance_issue_same_index = 3"]
+
+
+def test_an_audit_without_the_logs_it_compares_with_is_refused_naming_the_missing_log(tmp_path: Path) -> None:
+    """Refused before anything runs (no request is needed to get there)."""
+    root = tmp_path / "results" / "box" / "null" / "Offline"
+    run_dir = root / "runs" / "20260101T000000Z-abcdef"
+    run_dir.mkdir(parents=True)
+    detail = run_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
+    with pytest.raises(UserError) as caught:
+        compliance.run_audit(None, "TEST04", run_dir)
+    assert str(caught.value) == f"{detail}: missing: TEST04 compares with the performance run; run it first"
+    detail.parent.mkdir(parents=True)
+    detail.write_text(_mllog("effective_scenario", "Offline"))
+    with pytest.raises(UserError) as caught:
+        compliance.run_audit(None, "TEST01", run_dir)
+    assert str(caught.value) == (f"{root / 'accuracy' / 'mlperf_log_accuracy.json'}: missing: TEST01 compares with "
+                                 f"the accuracy run; run --mode accuracy (or submission) first")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["performance"]  # nothing staged
+
+
+def test_an_audit_compares_with_its_runs_own_accuracy_log_and_stages_in_the_runs_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real submission-mode run, then its TEST01 audit. The scenario's view is given another accuracy
+    log: the audit must compare with the run's own. The system's temp folder is put on another
+    filesystem where there is one (tmpfs /dev/shm): staging the audit there, not in the run's folder,
+    would fail the final rename into the run's folder."""
+    results = tmp_path / "results"
+    assert run_cli("run", "null", "--scenario", "Offline", "--mode", "submission", "--quick", "--set", "target_qps=10",
+                   "--results-dir", results) == 0
+    root = scenario_root(results, "null", "Offline")
+    run_dir = Path(json.loads((root / "run.json").read_text())["results_path"])
+    view_log = root / "accuracy" / "mlperf_log_accuracy.json"
+    entries = json.loads(view_log.read_text())
+    view_log.unlink()  # not written through: the view's file may share the run's
+    view_log.write_text(json.dumps([dict(entry, data="FF") for entry in entries]))
+    shm = Path("/dev/shm")
+    elsewhere = Path(tempfile.mkdtemp(dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+        request = RunRequest(model="null", scenario="Offline", quick=True, overrides=("target_qps=10",),
+                             results_dir=results)
+        outcome = compliance.run_audit(request, "TEST01", run_dir)
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+    assert outcome["accuracy"] == "PASS"
+    verdict = (run_dir / "TEST01" / "verify_accuracy.txt").read_text()
+    assert "num_perf_log_data_mismatch = 0\n" in verdict and "num_perf_log_qsl_idx_match = 0\n" not in verdict
+
+
+def test_the_audits_outcomes_are_printed_a_line_each_with_their_scores() -> None:
+    detail = ["reference score = 100", "test score = 95", "ratio = 0.9500", "threshold = 10%"]
+    outcomes = {"TEST01": {"accuracy": "PASS", "performance": "FAIL", "verdict": "FAIL", "performance_detail": detail},
+                "TEST04": {"performance": "PASS", "verdict": "PASS", "performance_detail": detail[:1]}}
+    assert compliance.format_outcomes(outcomes).splitlines() == [
+        "  TEST01 : FAIL (accuracy PASS, performance FAIL)", "    reference score = 100", "    test score = 95",
+        "  TEST04 : PASS (performance PASS)", "    reference score = 100"]
