@@ -276,6 +276,21 @@ def test_an_audit_compares_with_its_runs_own_accuracy_log_and_stages_in_the_runs
     assert outcome["accuracy"] == "PASS"
     verdict = (run_dir / "TEST01" / "verify_accuracy.txt").read_text()
     assert "num_perf_log_data_mismatch = 0\n" in verdict and "num_perf_log_qsl_idx_match = 0\n" not in verdict
+    # The logs named as the folder holds them, not by this machine's paths.
+    assert verdict.splitlines()[:2] == ["reference accuracy log = accuracy/mlperf_log_accuracy.json",
+                                        "test accuracy log = TEST01/accuracy/mlperf_log_accuracy.json"]
+
+
+def test_an_audit_whose_run_fails_says_which_audit_and_files_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "results" / "box" / "null" / "Offline" / "runs" / "20260101T000000Z-abcdef"
+    detail = run_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
+    detail.parent.mkdir(parents=True)
+    detail.write_text(_mllog("effective_scenario", "Offline"))
+    request = RunRequest(model="no-such-model", scenario="Offline", quick=True, results_dir=tmp_path / "results")
+    with pytest.raises(UserError) as caught:
+        compliance.run_audit(request, "TEST04", run_dir)
+    assert str(caught.value).startswith("TEST04 audit run failed: ") and "no-such-model" in str(caught.value)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["performance"]
 
 
 def test_the_audits_outcomes_are_printed_a_line_each_with_their_scores() -> None:
