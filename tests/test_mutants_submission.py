@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.errors import UserError
+from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.submission import checker, compliance, runs, session
 from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
@@ -328,3 +329,71 @@ def test_a_finished_audit_folder_replaces_the_old_one_and_a_leftover_from_a_cras
     compliance._replace_dir(staged, target)
     assert [p.name for p in target.iterdir()] == ["new.txt"]
     assert not (tmp_path / ".TEST04.old").exists() and not staged.exists()
+
+
+def test_a_detail_log_without_a_scenario_or_a_numeric_figure_has_no_score(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.txt"
+    bare.write_text(_mllog("result_validity", "VALID"))
+    assert compliance.run_score(bare) == ("", None, True)
+    flagged = tmp_path / "flag.txt"  # a figure logged as true/false is not a number, as in the official checker
+    flagged.write_text(_mllog("effective_scenario", "Offline") + _mllog("result_samples_per_second", True))
+    assert compliance.run_score(flagged) == ("Offline", None, False)
+
+
+def test_a_performance_verdict_names_each_log_with_its_validity(tmp_path: Path) -> None:
+    ref = _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
+    got = _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False)
+    verdict = compliance.verify_performance("TEST04", ref, got)
+    assert verdict.lines[:3] == [f"reference = {ref} (VALID)", f"test = {got} (INVALID)", "scenario = Offline"]
+
+
+# ---- audit outcomes recorded on the audited run ------------------------------------------------
+
+TEST04_OUTCOME = {"TEST04": {"run_id": "20260101T000009Z-aaaaaa", "performance": "FAIL",
+                             "performance_detail": [], "verdict": "FAIL"}}
+
+
+def _run_folder(root: Path, run_id: str, mode: str) -> Path:
+    run_dir = root / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    record = RunRecord(run_id=run_id, command="mlharness run null", model={"name": "null"}, dataset={},
+                       backend="null", scenario="Offline", mode=mode, status="ok", results_path=str(run_dir))
+    (run_dir / "run.json").write_text(json.dumps(record.to_dict()))
+    return run_dir
+
+
+@pytest.mark.parametrize("mode", ["performance", "submission"])
+def test_audit_outcomes_go_on_the_performance_run_they_audited(tmp_path: Path, mode: str) -> None:
+    run_dir = _run_folder(tmp_path / "box" / "null" / "Offline", "20260101T000000Z-abcdef", mode)
+    recorded = compliance.record_outcomes(run_dir, TEST04_OUTCOME)
+    assert recorded is not None and recorded["compliance"] == TEST04_OUTCOME
+    assert RunRecord.load(run_dir / "run.json").compliance == TEST04_OUTCOME
+
+
+def test_audit_outcomes_are_not_put_on_an_accuracy_run_or_a_folder_without_a_record(tmp_path: Path) -> None:
+    run_dir = _run_folder(tmp_path / "box" / "null" / "Offline", "20260101T000000Z-abcdef", "accuracy")
+    before = (run_dir / "run.json").read_text()
+    assert compliance.record_outcomes(run_dir, TEST04_OUTCOME) is None
+    assert (run_dir / "run.json").read_text() == before
+    empty = tmp_path / "box" / "null" / "Offline" / "runs" / "20260101T000001Z-bbbbbb"
+    empty.mkdir()
+    assert compliance.record_outcomes(empty, TEST04_OUTCOME) is None
+
+
+def test_a_sessions_record_gets_the_outcomes_and_another_runs_record_in_the_folder_is_left_alone(
+        tmp_path: Path) -> None:
+    """`submission run` passes the audited run's record: the run.json in the folder is written only
+    when it is that run's."""
+    root = tmp_path / "box" / "null" / "Offline"
+    run_dir = _run_folder(root, "20260101T000000Z-abcdef", "performance")
+    other = json.loads((_run_folder(root, "20260101T000002Z-cccccc", "performance") / "run.json").read_text())
+    before = (run_dir / "run.json").read_text()
+    recorded = compliance.record_outcomes(run_dir, TEST04_OUTCOME, record=other)
+    assert recorded is not None and recorded["run_id"] == other["run_id"] and recorded["compliance"] == TEST04_OUTCOME
+    assert (run_dir / "run.json").read_text() == before
+
+
+def test_a_sessions_record_that_does_not_read_is_one_error_naming_it(tmp_path: Path) -> None:
+    run_dir = _run_folder(tmp_path / "box" / "null" / "Offline", "20260101T000000Z-abcdef", "performance")
+    with pytest.raises(UserError, match="^the audited run's record: "):
+        compliance.record_outcomes(run_dir, TEST04_OUTCOME, record={"schema_version": 99})
