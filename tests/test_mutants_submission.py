@@ -16,7 +16,7 @@ import pytest
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
-from mlharness.submission import checker, compliance, runs, session
+from mlharness.submission import accuracy_txt, checker, compliance, runs, session
 from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
 from tests.support import run_cli, scenario_root
 
@@ -397,3 +397,69 @@ def test_a_sessions_record_that_does_not_read_is_one_error_naming_it(tmp_path: P
     run_dir = _run_folder(tmp_path / "box" / "null" / "Offline", "20260101T000000Z-abcdef", "performance")
     with pytest.raises(UserError, match="^the audited run's record: "):
         compliance.record_outcomes(run_dir, TEST04_OUTCOME, record={"schema_version": 99})
+
+
+# ---- the performance comparison, line by line and at its boundaries ----------------------------
+
+def test_a_test04_latency_verdict_compares_rates_and_says_each_step(tmp_path: Path) -> None:
+    ref = _detail(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000)
+    got = _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4000)
+    verdict = compliance.verify_performance("TEST04", ref, got)
+    assert verdict.lines == [f"reference = {ref} (VALID)", f"test = {got} (VALID)", "scenario = SingleStream",
+                             "reference score = 200000", "test score = 250000", "ratio = 1.2500", "threshold = 20%",
+                             "rule: test score < reference score x 1.20"]
+    assert verdict.passed is False
+
+
+@pytest.mark.parametrize("test, got, passed", [
+    ("TEST04", 100 * (1 + 0.10), False),  # the audit may not be 10% faster: exactly 10% fails
+    ("TEST01", 100 * (1 - 0.10), True),   # within ±10%, both ends included, as the official script has it
+    ("TEST01", 100 * (1 + 0.10), True),
+    ("TEST01", 111.0, False),
+])
+def test_performance_verdicts_at_the_thresholds_edges(tmp_path: Path, test: str, got: float, passed: bool) -> None:
+    verdict = compliance.verify_performance(
+        test, _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
+        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", got))
+    assert verdict.passed is passed and f"test score = {got:.6g}" in verdict.lines
+
+
+def test_scores_under_one_are_compared(tmp_path: Path) -> None:
+    verdict = compliance.verify_performance(
+        "TEST01", _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 0.5),
+        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 0.5))
+    assert verdict.passed is True and "ratio = 1.0000" in verdict.lines
+
+
+def test_one_invalid_run_fails_the_comparison_and_says_so(tmp_path: Path) -> None:
+    verdict = compliance.verify_performance(
+        "TEST01", _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
+        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False))
+    assert verdict.passed is False and verdict.lines[-1] == "a run is INVALID: the comparison does not count"
+
+
+def test_a_missing_score_or_another_scenario_is_a_failed_verdict_with_the_reason(tmp_path: Path) -> None:
+    ref = _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
+    bare = tmp_path / "bare.txt"
+    bare.write_text(_mllog("effective_scenario", "Offline") + _mllog("result_validity", "VALID"))
+    missing = compliance.verify_performance("TEST04", ref, bare)
+    assert missing.passed is False and missing.lines[3:] == ["score missing from a detail log"]
+    other = _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 5000)
+    differ = compliance.verify_performance("TEST04", ref, other)
+    assert differ.passed is False and differ.lines[3:] == ["scenarios differ: Offline vs SingleStream"]
+    zero = compliance.verify_performance("TEST04", ref, _detail(tmp_path / "z.txt", "Offline",
+                                                                "result_samples_per_second", 0))
+    assert zero.passed is False and zero.lines[-1].startswith("no comparison: the test run has no positive score")
+
+
+def test_a_problem_is_said_relative_to_the_tree_it_is_in(tmp_path: Path) -> None:
+    problem = checker.Problem(tmp_path / "open" / "Acme" / "systems" / "box.json", "missing: required file")
+    assert problem.line(tmp_path / "open" / "Acme") == "systems/box.json: missing: required file"
+    assert problem.line() == f"{tmp_path}/open/Acme/systems/box.json: missing: required file"
+    assert problem.line(tmp_path / "closed") == f"{tmp_path}/open/Acme/systems/box.json: missing: required file"
+
+
+def test_the_accuracy_hash_is_read_from_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    accuracy = tmp_path / "accuracy.txt"
+    accuracy.write_bytes(b"top1 = caf\xe9\nhash=0a1B\n")
+    assert accuracy_txt.read_hash(accuracy) == "0a1B"

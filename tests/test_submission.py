@@ -353,3 +353,23 @@ def test_run_compliance_flag_rejects_unknown_tests_before_running(tmp_path: Path
                    "--compliance", "TEST05") == 1
     assert "--compliance: expected tests from TEST01, TEST04, got 'TEST05'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_check_waives_nothing_unless_asked_and_counts_every_tree(session: Path, tmp_path: Path) -> None:
+    """Two submitters' trees, one no longer marked NOT_FOR_SUBMISSION: check() as an API, with its
+    defaults (nothing waived) and with both waivers (the unmarked tree's run problems still count)."""
+    out = _packaged(session, tmp_path)
+    assert run_cli("submission", "package", "--division", "open", "--submitter", "Other", "--out", out,
+                   "--results-dir", session, "--allow-invalid") == 1
+    strict = checker.check(out)
+    assert not strict.waived and {p.kind for p in strict.problems} >= {"run", "dataset"}
+    for submitter in ("Acme", "Other"):
+        assert any(submitter in p.path.parts for p in strict.problems if p.kind == "run")
+    other = out / "open" / "Other"
+    next(other.glob("NOT_FOR_SUBMISSION*")).unlink()
+    waived = checker.check(out, allow_invalid=True, skip_dataset_size_check=True)
+    assert (other, "--allow-invalid: tree is not marked NOT_FOR_SUBMISSION; its run problems still count", "tree") \
+        in [(p.path, p.message, p.kind) for p in waived.problems]
+    runs_left = [p for p in waived.problems if p.kind == "run"]
+    assert runs_left and all(other in p.path.parents for p in runs_left)
+    assert not [p for p in waived.problems if p.kind == "dataset"]
