@@ -373,3 +373,21 @@ def test_check_waives_nothing_unless_asked_and_counts_every_tree(session: Path, 
     runs_left = [p for p in waived.problems if p.kind == "run"]
     assert runs_left and all(other in p.path.parents for p in runs_left)
     assert not [p for p in waived.problems if p.kind == "dataset"]
+    assert {p.kind for p in waived.waived} == {"run", "dataset"}  # both waivers' problems, said apart
+
+
+def test_check_names_each_missing_empty_or_unreadable_file(session: Path, tmp_path: Path) -> None:
+    out = _packaged(session, tmp_path)
+    base = out / "open" / "Acme"
+    where = next(base.glob("results/*/*/Offline"))
+    (where / "README.md").unlink()
+    (where / "user.conf").write_text("")
+    (where / "measurements.json").write_text("{cut")
+    system = next((base / "systems").glob("*.json"))
+    system.unlink()
+    found = {(p.path, p.message, p.kind) for p in checker.check(out).problems}
+    assert {(where / "README.md", "missing: required file", "tree"),
+            (where / "user.conf", "empty: required file must have content", "tree"),
+            (where / "measurements.json", "not valid JSON (line 1: Expecting property name enclosed in double quotes): "
+                                          "expected measurements.json fields", "tree"),
+            (system, "missing: expected the system description (35 fields)", "tree")} <= found
