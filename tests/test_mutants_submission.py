@@ -17,6 +17,7 @@ from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, runs, session
+from mlharness.submission.layout import SubmitterTree
 from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
 from tests.support import run_cli, scenario_root
 
@@ -463,3 +464,22 @@ def test_the_accuracy_hash_is_read_from_a_file_that_is_not_utf8(tmp_path: Path) 
     accuracy = tmp_path / "accuracy.txt"
     accuracy.write_bytes(b"top1 = caf\xe9\nhash=0a1B\n")
     assert accuracy_txt.read_hash(accuracy) == "0a1B"
+
+
+def test_an_empty_submitter_folder_is_three_problems_one_per_missing_folder(tmp_path: Path) -> None:
+    tree = SubmitterTree(tmp_path, "open", "Acme")
+    tree.base.mkdir(parents=True)
+    assert _problems(checker.check_tree(tree)) == [
+        (tree.src, "missing: src/ must hold the code that ran", "tree"),
+        (tree.systems, "missing: systems/ must hold <system>.json per system", "tree"),
+        (tree.results, "missing: results/ holds the runs", "tree")]
+
+
+def test_a_required_file_is_reported_once_and_said_to_be_missing_or_empty(tmp_path: Path) -> None:
+    problems: list[checker.Problem] = []
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "full.txt").write_text("x")
+    found = [checker._nonempty_file(tmp_path / name, problems, "run") for name in ("gone.txt", "empty.txt", "full.txt")]
+    assert found == [False, False, True]
+    assert _problems(problems) == [(tmp_path / "gone.txt", "missing: required file", "run"),
+                                   (tmp_path / "empty.txt", "empty: required file must have content", "run")]
