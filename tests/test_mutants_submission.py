@@ -18,7 +18,7 @@ from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, runs, session
 from mlharness.submission.layout import SubmitterTree
-from mlharness.submission.rules import COMPLIANCE_FILES, benchmark_for, required_scenarios
+from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
 from tests.support import run_cli, scenario_root
 
 
@@ -483,3 +483,16 @@ def test_a_required_file_is_reported_once_and_said_to_be_missing_or_empty(tmp_pa
     assert found == [False, False, True]
     assert _problems(problems) == [(tmp_path / "gone.txt", "missing: required file", "run"),
                                    (tmp_path / "empty.txt", "empty: required file must have content", "run")]
+
+
+def test_unknown_benchmark_and_scenario_folders_are_named_with_what_was_expected(tmp_path: Path) -> None:
+    tree = SubmitterTree(tmp_path, "open", "Acme")
+    for folder in (tree.src, tree.systems, tree.results / "box" / "no-such-bench",
+                   tree.results / "box" / "resnet" / "Bogus"):
+        folder.mkdir(parents=True)
+    found = _problems(checker.check_tree(tree))
+    names = ", ".join(BENCHMARKS)
+    assert (tree.results / "box" / "no-such-bench", f"unknown benchmark folder 'no-such-bench': expected one of "
+            f"{names}, an alias, or a model_mapping.json entry", "tree") in found
+    assert (tree.results / "box" / "resnet" / "Bogus",
+            "unknown scenario: expected one of " + ", ".join(SCENARIOS), "tree") in found
