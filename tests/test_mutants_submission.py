@@ -496,3 +496,16 @@ def test_unknown_benchmark_and_scenario_folders_are_named_with_what_was_expected
             f"{names}, an alias, or a model_mapping.json entry", "tree") in found
     assert (tree.results / "box" / "resnet" / "Bogus",
             "unknown scenario: expected one of " + ", ".join(SCENARIOS), "tree") in found
+
+
+ALIAS = "resnet50"  # an alias the rules know for resnet
+
+
+def test_a_closed_division_benchmark_folder_must_have_the_official_name(tmp_path: Path) -> None:
+    for division in ("closed", "open"):
+        tree = SubmitterTree(tmp_path, division, "Acme")
+        for folder in (tree.src, tree.systems, tree.results / "box" / ALIAS, tree.results / "box" / "resnet"):
+            folder.mkdir(parents=True, exist_ok=True)
+        named = [p for p in _problems(checker.check_tree(tree)) if "official name" in p[1]]
+        assert named == ([(tree.results / "box" / ALIAS, "closed division: the folder must be the official name "
+                                                         "'resnet'", "tree")] if division == "closed" else [])
