@@ -509,3 +509,23 @@ def test_a_closed_division_benchmark_folder_must_have_the_official_name(tmp_path
         named = [p for p in _problems(checker.check_tree(tree)) if "official name" in p[1]]
         assert named == ([(tree.results / "box" / ALIAS, "closed division: the folder must be the official name "
                                                          "'resnet'", "tree")] if division == "closed" else [])
+
+
+@pytest.mark.parametrize("system_type, needed", [
+    ("datacenter", None),                # 3d-unet's datacenter scenario is Offline alone
+    ("edge", "closed division: edge systems need scenarios SingleStream for 3d-unet-99"),
+    (None, "closed division: systems without a system_type (edge and datacenter together) need scenarios "
+           "SingleStream for 3d-unet-99"),
+])
+def test_a_closed_system_needs_the_scenarios_of_its_type(tmp_path: Path, system_type: str | None,
+                                                         needed: str | None) -> None:
+    tree = SubmitterTree(tmp_path, "closed", "Acme")
+    for folder in (tree.src, tree.results / "box" / "3d-unet-99" / "Offline", tree.results / "box" / "3d-unet-99" / "Bogus"):
+        folder.mkdir(parents=True)
+    tree.systems.mkdir()
+    tree.system_json("box").write_text(json.dumps({} if system_type is None else {"system_type": system_type}))
+    found = _problems(checker.check_tree(tree))
+    bench = tree.results / "box" / "3d-unet-99"
+    assert [p for p in found if p[2] == "scenarios"] == ([] if needed is None else [(bench, needed, "scenarios")])
+    # The unknown folder sorts before Offline, which is still checked after it.
+    assert any(bench / "Offline" in p[0].parents or p[0].parent == bench / "Offline" for p in found)

@@ -150,7 +150,9 @@ def check_tree(tree: SubmitterTree) -> list[Problem]:
                 system_type = str(system.get("system_type", ""))
                 missing = [s for s in required_scenarios(benchmark, system_type) if s not in present]
                 if missing:
-                    problems.append(Problem(bench_dir, f"closed division: {system_type} systems need scenarios "
+                    systems = f"{system_type} systems" if system_type else \
+                        "systems without a system_type (edge and datacenter together)"
+                    problems.append(Problem(bench_dir, f"closed division: {systems} need scenarios "
                                                        f"{', '.join(missing)} for {benchmark.name}", "scenarios"))
     return problems
 
