@@ -529,3 +529,18 @@ def test_a_closed_system_needs_the_scenarios_of_its_type(tmp_path: Path, system_
     assert [p for p in found if p[2] == "scenarios"] == ([] if needed is None else [(bench, needed, "scenarios")])
     # The unknown folder sorts before Offline, which is still checked after it.
     assert any(bench / "Offline" in p[0].parents or p[0].parent == bench / "Offline" for p in found)
+
+
+def test_every_missing_scenario_is_named_and_a_broken_model_mapping_is_one_problem(tmp_path: Path) -> None:
+    tree = SubmitterTree(tmp_path, "closed", "Acme")
+    for folder in (tree.src, tree.results / "box" / "resnet" / "Offline"):
+        folder.mkdir(parents=True)
+    tree.systems.mkdir()
+    tree.system_json("box").write_text(json.dumps({"system_type": "edge"}))
+    tree.model_mapping.write_text("{cut")
+    found = _problems(checker.check_tree(tree))
+    assert [p for p in found if p[2] == "scenarios"] == [
+        (tree.results / "box" / "resnet", "closed division: edge systems need scenarios SingleStream, MultiStream "
+                                          "for resnet", "scenarios")]
+    assert (tree.model_mapping, "not valid JSON (line 1: Expecting property name enclosed in double quotes): "
+                                "expected a JSON object: folder name -> benchmark", "tree") in found
