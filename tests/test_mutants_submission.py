@@ -544,3 +544,17 @@ def test_every_missing_scenario_is_named_and_a_broken_model_mapping_is_one_probl
                                           "for resnet", "scenarios")]
     assert (tree.model_mapping, "not valid JSON (line 1: Expecting property name enclosed in double quotes): "
                                 "expected a JSON object: folder name -> benchmark", "tree") in found
+
+
+@pytest.mark.parametrize("division, mapping, expected", [
+    ("open", "[1, 2]", ["expected a JSON object: folder name -> benchmark"]),
+    ("closed", "{}", ["closed division: model_mapping.json is for the open division"]),
+    ("open", "{}", []),
+])
+def test_a_model_mapping_must_be_an_object_and_only_in_the_open_division(tmp_path: Path, division: str, mapping: str,
+                                                                         expected: list[str]) -> None:
+    tree = SubmitterTree(tmp_path, division, "Acme")
+    for folder in (tree.src, tree.systems, tree.results):
+        folder.mkdir(parents=True)
+    tree.model_mapping.write_text(mapping)
+    assert _problems(checker.check_tree(tree)) == [(tree.model_mapping, message, "tree") for message in expected]
