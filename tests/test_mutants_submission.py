@@ -550,6 +550,9 @@ def test_every_missing_scenario_is_named_and_a_broken_model_mapping_is_one_probl
     ("open", "[1, 2]", ["expected a JSON object: folder name -> benchmark"]),
     ("closed", "{}", ["closed division: model_mapping.json is for the open division"]),
     ("open", "{}", []),
+    ("open", '{"mine": "nope", "yours": 3, "ours": "resnet"}',
+     [f"mine: maps to 'nope', expected one of {', '.join(BENCHMARKS)}",
+      f"yours: maps to 3, expected one of {', '.join(BENCHMARKS)}"]),
 ])
 def test_a_model_mapping_must_be_an_object_and_only_in_the_open_division(tmp_path: Path, division: str, mapping: str,
                                                                          expected: list[str]) -> None:
