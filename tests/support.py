@@ -254,3 +254,15 @@ def ended(process: "psutil.Process") -> bool:
     except psutil.NoSuchProcess:
         return True
 
+
+
+def mllog_line(key: str, value: object, **metadata: bool) -> str:
+    """One line of a LoadGen detail log (`:::MLLOG {...}`), with metadata flags such as is_error=True."""
+    return f":::MLLOG {json.dumps({'key': key, 'value': value, 'metadata': metadata})}\n"
+
+
+def detail_log(path: Path, scenario: str, key: str, value: object, valid: bool = True) -> Path:
+    """A detail log with the three values a compliance verdict reads: the scenario, the validity and `key`."""
+    path.write_text(mllog_line("effective_scenario", scenario)
+                    + mllog_line("result_validity", "VALID" if valid else "INVALID") + mllog_line(key, value))
+    return path

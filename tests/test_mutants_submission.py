@@ -19,7 +19,7 @@ from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, runs, session
 from mlharness.submission.layout import SubmitterTree
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
-from tests.support import run_cli, scenario_root
+from tests.support import detail_log, mllog_line, run_cli, scenario_root
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -27,11 +27,6 @@ def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
                                 for i, (index, data) in enumerate(entries)]))
     return path
 
-
-def _detail(path: Path, scenario: str, key: str, value: float, valid: bool = True) -> Path:
-    lines = [("effective_scenario", scenario), ("result_validity", "VALID" if valid else "INVALID"), (key, value)]
-    path.write_text("".join(f':::MLLOG {json.dumps({"key": k, "value": v, "metadata": {}})}\n' for k, v in lines))
-    return path
 
 
 # ---- TEST01's accuracy check -------------------------------------------------------------------
@@ -96,8 +91,8 @@ def test_a_reference_rate_exactly_at_the_relaxed_limit_gets_the_relaxed_threshol
     """TEST04 on SingleStream compares rates, 1e9 / latency: 5,000 ns is 200,000 a second, the limit
     at and below which the threshold relaxes to 20%; the audit is 13.6% faster."""
     verdict = compliance.verify_performance(
-        "TEST04", _detail(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000),
-        _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4400))
+        "TEST04", detail_log(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000),
+        detail_log(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4400))
     assert "threshold = 20%" in verdict.lines and verdict.passed
 
 
@@ -155,9 +150,6 @@ def test_a_verdict_file_with_bytes_that_are_not_utf8_is_read_not_refused(tmp_pat
                 if "pass" in p.message]
 
 
-def _mllog(key: str, value: object, **meta: bool) -> str:
-    return f":::MLLOG {json.dumps({'key': key, 'value': value, 'metadata': meta})}\n"
-
 
 def test_the_audits_detail_log_is_checked_as_a_compliance_run_beside_the_missing_files(tmp_path: Path) -> None:
     """The audit runs with its own audit.config beside user.conf: LoadGen's error about several conf
@@ -165,8 +157,8 @@ def test_the_audits_detail_log_is_checked_as_a_compliance_run_beside_the_missing
     folder = _audit_folder(tmp_path / "TEST01", "TEST01")
     (folder / "accuracy" / "mlperf_log_accuracy.json").unlink()
     (folder / "performance" / "run_1" / "mlperf_log_detail.txt").write_text(
-        _mllog("error_invalid_config", "Multiple conf files are used", is_error=True)
-        + _mllog("error_runtime", "a sample went missing", is_error=True) + _mllog("effective_scenario", "Server"))
+        mllog_line("error_invalid_config", "Multiple conf files are used", is_error=True)
+        + mllog_line("error_runtime", "a sample went missing", is_error=True) + mllog_line("effective_scenario", "Server"))
     detail = folder / "performance" / "run_1" / "mlperf_log_detail.txt"
     found = _problems(checker.check_compliance(folder, "TEST01", "Offline", benchmark_for("resnet")))
     assert found[0] == (folder / "accuracy" / "mlperf_log_accuracy.json", "missing: required file", "compliance")
@@ -243,7 +235,7 @@ def test_an_audit_without_the_logs_it_compares_with_is_refused_naming_the_missin
         compliance.run_audit(None, "TEST04", run_dir)
     assert str(caught.value) == f"{detail}: missing: TEST04 compares with the performance run; run it first"
     detail.parent.mkdir(parents=True)
-    detail.write_text(_mllog("effective_scenario", "Offline"))
+    detail.write_text(mllog_line("effective_scenario", "Offline"))
     with pytest.raises(UserError) as caught:
         compliance.run_audit(None, "TEST01", run_dir)
     assert str(caught.value) == (f"{root / 'accuracy' / 'mlperf_log_accuracy.json'}: missing: TEST01 compares with "
@@ -289,7 +281,7 @@ def test_an_audit_whose_run_fails_says_which_audit_and_files_nothing(tmp_path: P
     run_dir = tmp_path / "results" / "box" / "null" / "Offline" / "runs" / "20260101T000000Z-abcdef"
     detail = run_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     detail.parent.mkdir(parents=True)
-    detail.write_text(_mllog("effective_scenario", "Offline"))
+    detail.write_text(mllog_line("effective_scenario", "Offline"))
     request = RunRequest(model="no-such-model", scenario="Offline", quick=True, results_dir=tmp_path / "results")
     with pytest.raises(UserError) as caught:
         compliance.run_audit(request, "TEST04", run_dir)
@@ -334,16 +326,16 @@ def test_a_finished_audit_folder_replaces_the_old_one_and_a_leftover_from_a_cras
 
 def test_a_detail_log_without_a_scenario_or_a_numeric_figure_has_no_score(tmp_path: Path) -> None:
     bare = tmp_path / "bare.txt"
-    bare.write_text(_mllog("result_validity", "VALID"))
+    bare.write_text(mllog_line("result_validity", "VALID"))
     assert compliance.run_score(bare) == ("", None, True)
     flagged = tmp_path / "flag.txt"  # a figure logged as true/false is not a number, as in the official checker
-    flagged.write_text(_mllog("effective_scenario", "Offline") + _mllog("result_samples_per_second", True))
+    flagged.write_text(mllog_line("effective_scenario", "Offline") + mllog_line("result_samples_per_second", True))
     assert compliance.run_score(flagged) == ("Offline", None, False)
 
 
 def test_a_performance_verdict_names_each_log_with_its_validity(tmp_path: Path) -> None:
-    ref = _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
-    got = _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False)
+    ref = detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
+    got = detail_log(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False)
     verdict = compliance.verify_performance("TEST04", ref, got)
     assert verdict.lines[:3] == [f"reference = {ref} (VALID)", f"test = {got} (INVALID)", "scenario = Offline"]
 
@@ -403,8 +395,8 @@ def test_a_sessions_record_that_does_not_read_is_one_error_naming_it(tmp_path: P
 # ---- the performance comparison, line by line and at its boundaries ----------------------------
 
 def test_a_test04_latency_verdict_compares_rates_and_says_each_step(tmp_path: Path) -> None:
-    ref = _detail(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000)
-    got = _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4000)
+    ref = detail_log(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", 5000)
+    got = detail_log(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 4000)
     verdict = compliance.verify_performance("TEST04", ref, got)
     assert verdict.lines == [f"reference = {ref} (VALID)", f"test = {got} (VALID)", "scenario = SingleStream",
                              "reference score = 200000", "test score = 250000", "ratio = 1.2500", "threshold = 20%",
@@ -420,35 +412,35 @@ def test_a_test04_latency_verdict_compares_rates_and_says_each_step(tmp_path: Pa
 ])
 def test_performance_verdicts_at_the_thresholds_edges(tmp_path: Path, test: str, got: float, passed: bool) -> None:
     verdict = compliance.verify_performance(
-        test, _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
-        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", got))
+        test, detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
+        detail_log(tmp_path / "t.txt", "Offline", "result_samples_per_second", got))
     assert verdict.passed is passed and f"test score = {got:.6g}" in verdict.lines
 
 
 def test_scores_under_one_are_compared(tmp_path: Path) -> None:
     verdict = compliance.verify_performance(
-        "TEST01", _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 0.5),
-        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 0.5))
+        "TEST01", detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 0.5),
+        detail_log(tmp_path / "t.txt", "Offline", "result_samples_per_second", 0.5))
     assert verdict.passed is True and "ratio = 1.0000" in verdict.lines
 
 
 def test_one_invalid_run_fails_the_comparison_and_says_so(tmp_path: Path) -> None:
     verdict = compliance.verify_performance(
-        "TEST01", _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
-        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False))
+        "TEST01", detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0),
+        detail_log(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0, valid=False))
     assert verdict.passed is False and verdict.lines[-1] == "a run is INVALID: the comparison does not count"
 
 
 def test_a_missing_score_or_another_scenario_is_a_failed_verdict_with_the_reason(tmp_path: Path) -> None:
-    ref = _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
+    ref = detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0)
     bare = tmp_path / "bare.txt"
-    bare.write_text(_mllog("effective_scenario", "Offline") + _mllog("result_validity", "VALID"))
+    bare.write_text(mllog_line("effective_scenario", "Offline") + mllog_line("result_validity", "VALID"))
     missing = compliance.verify_performance("TEST04", ref, bare)
     assert missing.passed is False and missing.lines[3:] == ["score missing from a detail log"]
-    other = _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 5000)
+    other = detail_log(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", 5000)
     differ = compliance.verify_performance("TEST04", ref, other)
     assert differ.passed is False and differ.lines[3:] == ["scenarios differ: Offline vs SingleStream"]
-    zero = compliance.verify_performance("TEST04", ref, _detail(tmp_path / "z.txt", "Offline",
+    zero = compliance.verify_performance("TEST04", ref, detail_log(tmp_path / "z.txt", "Offline",
                                                                 "result_samples_per_second", 0))
     assert zero.passed is False and zero.lines[-1].startswith("no comparison: the test run has no positive score")
 

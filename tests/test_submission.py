@@ -23,7 +23,7 @@ from mlharness.submission.rules import (
     SYSTEM_FIELDS,
     VIEWABLE_SIZE,
 )
-from tests.support import copy_specs, read_run, run_cli
+from tests.support import copy_specs, detail_log, read_run, run_cli
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")
@@ -303,11 +303,6 @@ def test_accuracy_txt_and_truncation_follow_the_official_tool(tmp_path: Path) ->
         accuracy_txt.write_packaged_accuracy(small, tmp_path / "p2", tmp_path / "f2.json")
 
 
-def _detail(path: Path, scenario: str, key: str, value: float, valid: bool = True) -> Path:
-    lines = [("effective_scenario", scenario), ("result_validity", "VALID" if valid else "INVALID"), (key, value)]
-    path.write_text("".join(f':::MLLOG {json.dumps({"key": k, "value": v, "metadata": {}})}\n' for k, v in lines))
-    return path
-
 
 @pytest.mark.parametrize("test, scenario, key, ref, got, passed", [
     ("TEST01", "Offline", "result_samples_per_second", 100.0, 109.0, True),
@@ -321,16 +316,16 @@ def _detail(path: Path, scenario: str, key: str, value: float, valid: bool = Tru
 ])
 def test_performance_verdicts(tmp_path: Path, test: str, scenario: str, key: str, ref: float, got: float,
                               passed: bool) -> None:
-    verdict = compliance.verify_performance(test, _detail(tmp_path / "r.txt", scenario, key, ref),
-                                            _detail(tmp_path / "t.txt", scenario, key, got))
+    verdict = compliance.verify_performance(test, detail_log(tmp_path / "r.txt", scenario, key, ref),
+                                            detail_log(tmp_path / "t.txt", scenario, key, got))
     assert verdict.passed is passed
     assert verdict.text().rstrip().endswith("TEST PASS" if passed else "TEST FAIL")
 
 
 def test_performance_verdict_fails_on_an_invalid_run(tmp_path: Path) -> None:
     verdict = compliance.verify_performance(
-        "TEST04", _detail(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0, valid=False),
-        _detail(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0))
+        "TEST04", detail_log(tmp_path / "r.txt", "Offline", "result_samples_per_second", 100.0, valid=False),
+        detail_log(tmp_path / "t.txt", "Offline", "result_samples_per_second", 100.0))
     assert not verdict.passed and "INVALID" in verdict.text()
 
 
@@ -342,7 +337,7 @@ def test_performance_verdict_fails_on_an_invalid_run(tmp_path: Path) -> None:
 ])
 def test_closed_offline_queries_need_the_benchmarks_minimum_samples(tmp_path: Path, division: str, scenario: str,
                                                                      samples: int, flagged: bool) -> None:
-    detail = _detail(tmp_path / "d.txt", scenario, "effective_samples_per_query", samples)
+    detail = detail_log(tmp_path / "d.txt", scenario, "effective_samples_per_query", samples)
     found = [p.message for p in checker.check_performance_log(detail, scenario, BENCHMARKS["resnet"], division)]
     assert any("samples_per_query: expected >= 24576 for resnet" in m for m in found) is flagged
 

@@ -21,7 +21,7 @@ from mlharness.running.settings import build_settings, validate_loadgen_settings
 from mlharness.submission import compliance
 from mlharness.specs.manifests import load_manifest
 from mlharness.sut import backends
-from tests.support import REPO, read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
+from tests.support import REPO, detail_log, read_run, run_cli, scenario_root, tiny_torch_model, write_manifest
 
 
 def one_error(capfd: pytest.CaptureFixture[str], prefix: str = "mlharness: error: ") -> str:
@@ -136,11 +136,6 @@ def test_booleans_reach_loadgen_as_integers(tmp_path: Path) -> None:
 
 # ---- 2. compliance verdicts without a figure -----------------------------------------------------
 
-def _detail(path: Path, scenario: str, key: str, value: object, valid: bool) -> Path:
-    lines = [("effective_scenario", scenario), ("result_validity", "VALID" if valid else "INVALID"), (key, value)]
-    path.write_text("".join(f':::MLLOG {json.dumps({"key": k, "value": v, "metadata": {}})}\n' for k, v in lines))
-    return path
-
 
 @pytest.mark.parametrize("test, ref, got, reason", [
     ("TEST04", 0, 30e6, "the reference run has no positive score"),   # 1e9 / 0 was a ZeroDivisionError
@@ -151,8 +146,8 @@ def _detail(path: Path, scenario: str, key: str, value: object, valid: bool) -> 
 def test_a_run_without_a_figure_fails_the_audit_with_the_reason(tmp_path: Path, test: str, ref: object,
                                                                 got: object, reason: str) -> None:
     verdict = compliance.verify_performance(
-        test, _detail(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", ref, valid=False),
-        _detail(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", got, valid=False))
+        test, detail_log(tmp_path / "r.txt", "SingleStream", "early_stopping_latency_ss", ref, valid=False),
+        detail_log(tmp_path / "t.txt", "SingleStream", "early_stopping_latency_ss", got, valid=False))
     assert not verdict.passed
     assert reason in verdict.text() and verdict.text().endswith("TEST FAIL\n")
 
