@@ -101,3 +101,59 @@ def test_a_model_without_weights_is_refused_naming_its_manifest(tmp_path: Path) 
     with pytest.raises(UserError) as caught:
         load_text_tokenizer(model, {})
     assert str(caught.value) == f"{model.path}: sources.weights: expected the model's GGUF file (its tokenizer)"
+
+
+@needs_llm
+def test_a_tokenizer_read_for_a_server_run_never_asks_the_hub(monkeypatch) -> None:
+    """text_tokenizer 69-75: transformers is told to stay offline (everything comes from the GGUF file),
+    unless the user said otherwise."""
+    import os
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    _tokenizer("transformers")
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    _tokenizer("transformers")
+    assert os.environ["HF_HUB_OFFLINE"] == "0"
+
+
+class _FailsFirst:
+    """Raises before the first token of the first sequence it is given; later ones never get here."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, prompt, on_token=None):
+        self.calls += 1
+        raise RuntimeError("engine blew up")
+
+
+def test_after_a_failure_the_queries_already_queued_complete_empty(tmp_path: Path) -> None:
+    """token_sut _serve 6: Offline, one sequence at a time on the SUT's worker: LoadGen's one query of 8
+    samples is queued whole; the first fails, and the 7 behind it complete empty from the queue (the
+    engine never sees them), each with an empty first token, so LoadGen ends."""
+    import json
+
+    import mlperf_loadgen as lg
+
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+    from mlharness.sut.loadgen_handles import loadgen_handles
+
+    prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
+    engine = _FailsFirst()
+    sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="Offline")
+    assert sut.batching == "sequential"
+    settings = lg.TestSettings()
+    settings.scenario, settings.mode = lg.TestScenario.Offline, lg.TestMode.PerformanceOnly
+    settings.use_token_latencies = True
+    settings.min_duration_ms, settings.min_query_count, settings.offline_expected_qps = 0, 8, 8  # one query of 8
+    settings.accuracy_log_probability = 1.0
+    log = lg.LogSettings()
+    log.log_output.outdir = str(tmp_path)
+    with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+        lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
+    assert engine.calls == 1 and sut.completed_samples == 0
+    assert str(sut.failure).endswith("generate raised RuntimeError: engine blew up")
+    logged = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+    assert len(logged) == 8 and all((e["data"], e["token_count"]) == ("", 0) for e in logged)
