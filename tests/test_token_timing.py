@@ -187,6 +187,20 @@ def _check(tmp_path: Path, scenario: str, sut, engine: _ScriptedEngine, issued: 
     assert min(steps) >= sum(DELAYS[1:]) / (TOKENS - 1) * 1e9  # the scripted steps (sleeps last at least that)
     assert sut.generated_tokens == TOKENS * QUERIES
 
+    # The SUT's own clock of each sample (token_figures and the profile read it): the samples LoadGen
+    # asked for, each issued, then admitted, then its tokens, then completed, in that order.
+    assert sorted(clock.index for clock in sut.times) == sorted(entry["qsl_idx"] for entry in accuracy)
+    for clock in sut.times:
+        assert clock.issued <= clock.admitted <= clock.tokens[0] and len(clock.tokens) == TOKENS
+        assert clock.tokens == sorted(clock.tokens) and clock.tokens[-1] <= clock.completed
+        # batched: how many sequences ran when each token was made; one at a time: none kept
+        assert all(1 <= size <= QUERIES for size in clock.batch_sizes)
+        assert len(clock.batch_sizes) == (TOKENS if scenario == "Offline" else 0)
+    if scenario == "SingleStream":  # one at a time: clock k is sequence k, each token stamped as it came
+        for k, clock in enumerate(sut.times):
+            assert all(made <= stamp for made, stamp in zip(engine.made[k], clock.tokens))
+            assert all(stamp < made for stamp, made in zip(clock.tokens, engine.made[k][1:]))
+
     detail = _detail(tmp_path)
     if scenario == "Offline":  # LoadGen reports tokens per second only: every token over the query's latency
         assert detail["result_tokens_per_second"] == pytest.approx(
