@@ -7,8 +7,9 @@ import json
 import shutil
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from mlharness.cli import main
 
@@ -266,3 +267,22 @@ def detail_log(path: Path, scenario: str, key: str, value: object, valid: bool =
     path.write_text(mllog_line("effective_scenario", scenario)
                     + mllog_line("result_validity", "VALID" if valid else "INVALID") + mllog_line(key, value))
     return path
+
+
+# An in-process LoadGen test (the LLM SUT's) takes seconds; past this it has lost a response.
+LOADGEN_HANG_SECONDS = 30
+
+
+@contextmanager
+def loadgen_hang_guard(seconds: float = LOADGEN_HANG_SECONDS) -> Iterator[None]:
+    """Around an in-process LoadGen test: a query the SUT never completes keeps LoadGen waiting in
+    this process for ever, and nothing in Python can stop it. Past `seconds` (many times the test's
+    own length) every thread's stack is dumped and the process ends, so the test fails at once
+    instead of at the suite's per-test timeout (a mutant that loses a response dies in seconds)."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

