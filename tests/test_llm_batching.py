@@ -202,6 +202,34 @@ def test_the_scheduling_a_run_gets():
     assert choose_batching("continuous", "Server", 8, plain) == "sequential"  # an engine without open_batch
 
 
+def test_what_a_run_records_of_its_scheduling():
+    """describe() (the record's `sut` entry): the scheduling, the batch size it allows (1 when one sequence
+    at a time) and who admits waiting queries; a request that names no known scheduling gets continuous
+    batching on an engine that batches, and a SUT asked for none runs one sequence at a time."""
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT, choose_batching
+
+    prompts = PromptSet([("p", "x")], [np.array([0, 1], np.int64)])
+
+    def described(engine, scenario, batching, size):
+        return TokenStreamingSUT(backend=engine, prompts=prompts, scenario=scenario, batching=batching,
+                                 max_batch_size=size).describe()
+
+    assert described(_StepEngine(), "Offline", "continuous", 4) == {
+        "batching": "continuous", "max_batch_size": 4, "admission": "SUT scheduler"}
+    assert described(_StepEngine(admits=True), "Server", "continuous", 4) == {
+        "batching": "continuous", "max_batch_size": 4, "admission": "engine, at every step"}
+    assert described(_StepEngine(admits=True), "Offline", "static", 3) == {
+        "batching": "static", "max_batch_size": 3, "admission": "SUT scheduler"}
+    assert described(_StepEngine(admits=True), "Offline", None, 8) == {
+        "batching": "sequential", "max_batch_size": 1, "admission": "SUT scheduler"}
+    assert described(_StepEngine(), "SingleStream", "continuous", 8)["max_batch_size"] == 1
+    for requested in (None, "", "fastest"):
+        assert choose_batching(requested, "Offline", 8, _StepEngine()) == "continuous"
+    assert choose_batching("sequential", "Offline", 8, _StepEngine()) == "sequential"
+    assert choose_batching("static", "Server", 2, _StepEngine()) == "static"
+
+
 def test_llm_batching_is_a_harness_key_with_two_choices():
     from mlharness.running.settings import Settings
 

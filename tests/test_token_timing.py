@@ -204,6 +204,21 @@ def _check(tmp_path: Path, scenario: str, sut, engine: _ScriptedEngine, issued: 
             assert all(made <= stamp for made, stamp in zip(engine.made[k], clock.tokens))
             assert all(stamp < made for stamp, made in zip(clock.tokens, engine.made[k][1:]))
 
+    # The figures LoadGen does not report, from that clock (token_figures): every gap between tokens is at
+    # least its scripted sleep, the long first step among them; decode lasts at least the steps after the
+    # first token; all samples meet generous limits, none a TTFT limit under the 50 ms prefill.
+    figures = sut.token_figures(10_000, 10_000)
+    assert figures["itl_min_ns"] >= min(DELAYS[2:]) * 1e9 and figures["itl_max_ns"] >= DELAYS[1] * 1e9
+    assert figures["itl_min_ns"] <= figures["itl_p50_ns"] <= figures["itl_p90_ns"] <= figures["itl_max_ns"]
+    assert figures["decode_p50_ns"] >= sum(DELAYS[1:]) * 1e9 and figures["prefill_p50_ns"] >= DELAYS[0] * 1e9
+    assert (figures["goodput_fraction"], figures["goodput_samples"]) == (1.0, QUERIES)
+    assert sut.token_figures(DELAYS[0] * 1000 / 2, 10_000)["goodput_samples"] == 0
+    assert "goodput_fraction" not in sut.token_figures()  # no limits, no goodput
+    if scenario == "Offline":  # every sequence in the batch at once (those still running when each token came)
+        assert 1 <= figures["batch_occupancy_mean"] <= QUERIES
+    else:
+        assert "batch_occupancy_mean" not in figures
+
     detail = _detail(tmp_path)
     if scenario == "Offline":  # LoadGen reports tokens per second only: every token over the query's latency
         assert detail["result_tokens_per_second"] == pytest.approx(
