@@ -27,6 +27,9 @@ CHAT_TURN = "<|im_start|>user\nHi<|im_end|>"
 
 
 def _tokenizer(framework: str):
+    """Loaded by each test that reads it, never shared across tests: mutation testing runs, for a mutant
+    of the loader, only the tests it saw call the loader (a module-scoped fixture calls it in the first
+    test alone), and the tokenizer's encode and decode are closures the loader makes."""
     from mlharness.sut.llm.text_tokenizer import load_text_tokenizer
     from mlharness.sut.runtime import resolve_sources
 
@@ -35,14 +38,14 @@ def _tokenizer(framework: str):
     return load_text_tokenizer(model, resolve_sources(model))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tokenizers() -> dict:
     return {framework: _tokenizer(framework) for framework in FRAMEWORKS}
 
 
 @needs_llm
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_each_framework_reads_its_own_tokenizer_and_says_which(tokenizers: dict, framework: str) -> None:
+def test_each_framework_reads_its_own_tokenizer_and_says_which(framework: str) -> None:
     """text_tokenizer 9, 10, 11, 22: the name says the reader, its version and the GGUF file."""
     import llama_cpp
     import transformers
@@ -50,7 +53,7 @@ def test_each_framework_reads_its_own_tokenizer_and_says_which(tokenizers: dict,
     version = llama_cpp.__version__ if framework == "llama_cpp" else transformers.__version__
     kind = "vocabulary" if framework == "llama_cpp" else "tokenizer"
     label = "llama.cpp" if framework == "llama_cpp" else "transformers"
-    assert tokenizers[framework].name == f"{label} {version} ({kind} of SmolLM2-135M-Instruct.Q4_1.gguf)"
+    assert _tokenizer(framework).name == f"{label} {version} ({kind} of SmolLM2-135M-Instruct.Q4_1.gguf)"
 
 
 @needs_llm
@@ -67,10 +70,10 @@ def test_both_readers_give_the_same_ids_special_tokens_parsed_and_no_beginning_t
 
 @needs_llm
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_decode_drops_special_tokens_and_replaces_a_partial_character(tokenizers: dict, framework: str) -> None:
+def test_decode_drops_special_tokens_and_replaces_a_partial_character(framework: str) -> None:
     """text_tokenizer 24, 45-47, 49 (a strict decode raises on half a character): text comes back whole,
     the chat markers dropped, and the first byte token of a three-byte character decodes to U+FFFD."""
-    tokenizer = tokenizers[framework]
+    tokenizer = _tokenizer(framework)
     assert tokenizer.decode(tokenizer.encode("café ☕")) == "café ☕"
     assert tokenizer.decode(tokenizer.encode(CHAT_TURN)) == "user\nHi"
     cup = tokenizer.encode("☕")
@@ -80,16 +83,16 @@ def test_decode_drops_special_tokens_and_replaces_a_partial_character(tokenizers
 
 @needs_llm
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_empty_text_is_no_token_ids_of_int64(tokenizers: dict, framework: str) -> None:
+def test_empty_text_is_no_token_ids_of_int64(framework: str) -> None:
     """text_tokenizer 2, 4 (without the dtype an empty list becomes float64): the ids LoadGen reads as int64."""
-    ids = tokenizers[framework].encode("")
+    ids = _tokenizer(framework).encode("")
     assert ids.dtype == np.int64 and ids.size == 0
 
 
 @needs_llm
-def test_the_llama_cpp_reader_loads_the_vocabulary_alone(tokenizers: dict) -> None:
+def test_the_llama_cpp_reader_loads_the_vocabulary_alone() -> None:
     """text_tokenizer 14, 17, 20: no weights loaded for a tokenizer (the engine the closure holds)."""
-    vocab = tokenizers["llama_cpp"]._encode.__closure__[0].cell_contents
+    vocab = _tokenizer("llama_cpp")._encode.__closure__[0].cell_contents
     assert vocab.model_params.vocab_only is True
 
 
