@@ -160,3 +160,74 @@ def test_after_a_failure_the_queries_already_queued_complete_empty(tmp_path: Pat
     assert str(sut.failure).endswith("generate raised RuntimeError: engine blew up")
     logged = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
     assert len(logged) == 8 and all((e["data"], e["token_count"]) == ("", 0) for e in logged)
+
+
+class _Int32Engine:
+    """Answers [7, 8, 2] as int32 (an engine is free to)."""
+
+    def generate(self, prompt, on_token=None):
+        for position, token in enumerate((7, 8, 2)):
+            on_token(token, position)
+        return np.array([7, 8, 2], dtype=np.int32)
+
+
+class _RaisingObserver:
+    def sequence(self, times) -> None:
+        raise RuntimeError("observer blew up")
+
+
+def _single_stream(tmp_path: Path, sut, samples: int = 4) -> list[dict]:
+    """A SingleStream LoadGen test in token mode with every response logged; the accuracy log's entries."""
+    import json
+
+    import mlperf_loadgen as lg
+
+    from mlharness.sut.loadgen_handles import loadgen_handles
+
+    settings = lg.TestSettings()
+    settings.scenario, settings.mode = lg.TestScenario.SingleStream, lg.TestMode.PerformanceOnly
+    settings.use_token_latencies = True
+    settings.min_duration_ms, settings.min_query_count = 0, samples
+    settings.single_stream_expected_latency_ns = 1_000_000
+    settings.accuracy_log_probability = 1.0
+    log = lg.LogSettings()
+    log.log_output.outdir = str(tmp_path)
+    prompts = sut.prompts
+    with loadgen_hang_guard(), \
+            loadgen_handles(sut, samples, samples, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
+        lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
+    return json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+
+
+def _prompts(samples: int = 4):
+    from mlharness.sut.llm.runtime import PromptSet
+
+    return PromptSet([(f"p{i}", "x") for i in range(samples)], [np.array([i, 1], np.int64) for i in range(samples)])
+
+
+def test_token_ids_reach_loadgen_as_int64_whatever_the_engine_returns(tmp_path: Path) -> None:
+    """token_sut _generate 18, 20: the response's bytes are int64 ids (what the accuracy log's reader and
+    the decoder read), also from an engine that returns int32."""
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream")
+    logged = _single_stream(tmp_path, sut)
+    assert sut.failure is None and logged
+    assert {entry["data"] for entry in logged} == {np.array([7, 8, 2], np.int64).tobytes().hex()}
+    assert {entry["token_count"] for entry in logged} == {3}
+
+
+def test_a_failure_after_a_sample_was_completed_is_named_so_and_the_sample_is_not_completed_again(
+        tmp_path: Path) -> None:
+    """token_sut _generate 26-28: the first sample reached LoadGen, then the SUT's per-sample hook failed:
+    the failure says the completion stage, that sample keeps its answer (never completed a second time,
+    empty), and the rest complete empty."""
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream",
+                            observer=_RaisingObserver())
+    logged = _single_stream(tmp_path, sut)
+    assert str(sut.failure).endswith("complete raised RuntimeError: observer blew up"), str(sut.failure)
+    assert sut.completed_samples == 1
+    answered = [entry for entry in logged if entry["data"]]
+    assert len(answered) == 1 and len(logged) == 4  # each query once: the answered one, then three empty
