@@ -145,6 +145,8 @@ def test_continuous_batching_lets_a_waiting_sequence_join_as_soon_as_one_leaves(
     assert max(len(step) for step in engine.steps) == 3
     assert any(running for running in engine.joined.values())  # joined a batch that was running
     assert any(running for _, running, _ in sut.admissions) and sut.admissions[0][1:] == (0, 3)
+    # the scheduler wakes to admit only when the batch has room (a full batch admitting none would spin)
+    assert all(admitted >= 1 and running + admitted <= 3 for _, running, admitted in sut.admissions)
     assert all(len(times.tokens) == LENGTHS[times.index] for times in sut.times)
     assert 2 < sut.token_figures()["batch_occupancy_mean"] <= 3  # the batch stays nearly full while queries wait
 
