@@ -27,9 +27,12 @@ from mlharness.sut.backends.llm_transformers import (
     chat_template_failure,
     chat_turns,
     gguf_weights,
+    reader_reason,
     stop_token_ids,
 )
 
+# What llama-cpp-python raises for a file llama.cpp cannot open (the engine and the client tokenizer).
+LLAMA_CPP_READ_ERRORS = (ValueError, RuntimeError, OSError)
 SEED = 0  # fixed; greedy decoding draws no random numbers, but nothing is left to a random seed
 
 
@@ -52,9 +55,8 @@ class LlamaCppLLMBackend(Backend):
             self.llm = llama_cpp.Llama(
                 model_path=str(weights), n_ctx=int(spec.context_window or 0),  # 0: the model's own window
                 n_threads=threads, n_threads_batch=threads, seed=SEED, logits_all=False, verbose=False)
-        except (ValueError, RuntimeError, OSError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UserError(f"sources.weights: llama.cpp cannot load {weights}: {first}") from None
+        except LLAMA_CPP_READ_ERRORS as exc:
+            raise UserError(f"sources.weights: llama.cpp cannot load {weights}: {reader_reason(exc)}") from None
         except jinja2.TemplateError as exc:  # Llama compiles every chat template in the file's metadata
             raise chat_template_failure(self, weights, exc, "llama.cpp compiles it when it opens the file, "
                                                             "asked for or not") from None

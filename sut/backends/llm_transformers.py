@@ -35,6 +35,11 @@ GGUF_MAGIC = b"GGUF"
 GGUF_READ_ERRORS = (ValueError, OSError, KeyError, struct.error)
 
 
+def reader_reason(exc: BaseException) -> str:
+    """A GGUF reader's own reason, for the one-line error: its first line, or its type when it gives none."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def check_gguf(path: Path, role: str = "weights") -> None:
     """A file that is not GGUF is refused in one line before transformers sees it."""
     with open(path, "rb") as handle:
@@ -113,8 +118,7 @@ class TransformersLLMBackend(Backend):
                 self._chat_text("probe")
             self.lm = gguf_unpacked.load_model(weights)
         except GGUF_READ_ERRORS as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UserError(f"sources.weights: transformers cannot load {weights}: {first}") from None
+            raise UserError(f"sources.weights: transformers cannot load {weights}: {reader_reason(exc)}") from None
         self.lm.eval()
         self._torch = torch
         own_window = int(getattr(self.lm.config, "max_position_embeddings", 0) or 0)

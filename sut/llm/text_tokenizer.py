@@ -14,7 +14,8 @@ import numpy as np
 
 from mlharness.errors import UserError
 from mlharness.specs.manifests import ModelManifest
-from mlharness.sut.backends.llm_transformers import GGUF_READ_ERRORS, check_gguf
+from mlharness.sut.backends.llm_llamacpp import LLAMA_CPP_READ_ERRORS
+from mlharness.sut.backends.llm_transformers import GGUF_READ_ERRORS, check_gguf, reader_reason
 
 
 class TextTokenizer:
@@ -44,9 +45,9 @@ def load_text_tokenizer(model: ModelManifest, sources: dict[str, Any]) -> TextTo
         try:
             with _native_stderr_silenced():  # llama.cpp warns of a context window it is not given (a vocabulary has none)
                 vocab = llama_cpp.Llama(model_path=str(weights), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError, OSError) as exc:  # as the llama.cpp engine reads them
+        except LLAMA_CPP_READ_ERRORS as exc:
             raise UserError(f"sources.weights: llama.cpp cannot read the vocabulary of {weights}: "
-                            f"{_first_line(exc)}") from None
+                            f"{reader_reason(exc)}") from None
         return TextTokenizer(f"llama.cpp {llama_cpp.__version__} (vocabulary of {Path(weights).name})",
                              lambda text: vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True),
                              lambda ids: vocab.detokenize(ids, special=False).decode("utf-8", errors="replace"),
@@ -61,15 +62,11 @@ def load_text_tokenizer(model: ModelManifest, sources: dict[str, Any]) -> TextTo
         tokenizer = gguf_unpacked.load_tokenizer(Path(weights))
     except GGUF_READ_ERRORS as exc:
         raise UserError(f"sources.weights: transformers cannot read the tokenizer of {weights}: "
-                        f"{_first_line(exc)}") from None
+                        f"{reader_reason(exc)}") from None
     return TextTokenizer(f"transformers {transformers.__version__} (tokenizer of {Path(weights).name})",
                          lambda text: tokenizer.encode(text, add_special_tokens=False),
                          lambda ids: tokenizer.decode(ids, skip_special_tokens=True), tokenizer.eos_token or "",
                          tokenizer.eos_token_id)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @contextmanager
