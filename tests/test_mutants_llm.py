@@ -135,30 +135,14 @@ def test_after_a_failure_the_queries_already_queued_complete_empty(tmp_path: Pat
     """token_sut _serve 6: Offline, one sequence at a time on the SUT's worker: LoadGen's one query of 8
     samples is queued whole; the first fails, and the 7 behind it complete empty from the queue (the
     engine never sees them), each with an empty first token, so LoadGen ends."""
-    import json
-
-    import mlperf_loadgen as lg
-
-    from mlharness.sut.llm.runtime import PromptSet
     from mlharness.sut.llm.token_sut import TokenStreamingSUT
-    from mlharness.sut.loadgen_handles import loadgen_handles
 
-    prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
     engine = _FailsFirst()
-    sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="Offline")
+    sut = TokenStreamingSUT(backend=engine, prompts=_prompts(8), scenario="Offline")
     assert sut.batching == "sequential"
-    settings = lg.TestSettings()
-    settings.scenario, settings.mode = lg.TestScenario.Offline, lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count, settings.offline_expected_qps = 0, 8, 8  # one query of 8
-    settings.accuracy_log_probability = 1.0
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
-    with loadgen_hang_guard(), loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
-        lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
+    logged = _token_test(tmp_path, sut)
     assert engine.calls == 1 and sut.completed_samples == 0
     assert str(sut.failure).endswith("generate raised RuntimeError: engine blew up")
-    logged = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
     assert len(logged) == 8 and all((e["data"], e["token_count"]) == ("", 0) for e in logged)
 
 
@@ -176,23 +160,27 @@ class _RaisingObserver:
         raise RuntimeError("observer blew up")
 
 
-def _single_stream(tmp_path: Path, sut, samples: int = 4) -> list[dict]:
-    """A SingleStream LoadGen test in token mode with every response logged; the accuracy log's entries."""
+def _token_test(tmp_path: Path, sut) -> list[dict]:
+    """A LoadGen performance test in token mode, in the SUT's scenario (SingleStream or Offline), of as
+    many queries as the SUT has prompts (Offline: one query of them all), with every response logged;
+    the accuracy log's entries."""
     import json
 
     import mlperf_loadgen as lg
 
     from mlharness.sut.loadgen_handles import loadgen_handles
 
+    prompts = sut.prompts
+    samples = len(prompts)
     settings = lg.TestSettings()
-    settings.scenario, settings.mode = lg.TestScenario.SingleStream, lg.TestMode.PerformanceOnly
+    settings.scenario, settings.mode = getattr(lg.TestScenario, sut.scenario), lg.TestMode.PerformanceOnly
     settings.use_token_latencies = True
     settings.min_duration_ms, settings.min_query_count = 0, samples
     settings.single_stream_expected_latency_ns = 1_000_000
+    settings.offline_expected_qps = samples
     settings.accuracy_log_probability = 1.0
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
-    prompts = sut.prompts
     with loadgen_hang_guard(), \
             loadgen_handles(sut, samples, samples, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
@@ -211,7 +199,7 @@ def test_token_ids_reach_loadgen_as_int64_whatever_the_engine_returns(tmp_path: 
     from mlharness.sut.llm.token_sut import TokenStreamingSUT
 
     sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream")
-    logged = _single_stream(tmp_path, sut)
+    logged = _token_test(tmp_path, sut)
     assert sut.failure is None and logged
     assert {entry["data"] for entry in logged} == {np.array([7, 8, 2], np.int64).tobytes().hex()}
     assert {entry["token_count"] for entry in logged} == {3}
@@ -226,7 +214,7 @@ def test_a_failure_after_a_sample_was_completed_is_named_so_and_the_sample_is_no
 
     sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream",
                             observer=_RaisingObserver())
-    logged = _single_stream(tmp_path, sut)
+    logged = _token_test(tmp_path, sut)
     assert str(sut.failure).endswith("complete raised RuntimeError: observer blew up"), str(sut.failure)
     assert sut.completed_samples == 1
     answered = [entry for entry in logged if entry["data"]]
