@@ -256,7 +256,6 @@ def ended(process: "psutil.Process") -> bool:
         return True
 
 
-
 def mllog_line(key: str, value: object, **metadata: bool) -> str:
     """One line of a LoadGen detail log (`:::MLLOG {...}`), with metadata flags such as is_error=True."""
     return f":::MLLOG {json.dumps({'key': key, 'value': value, 'metadata': metadata})}\n"

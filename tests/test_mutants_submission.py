@@ -28,7 +28,6 @@ def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
     return path
 
 
-
 # ---- TEST01's accuracy check -------------------------------------------------------------------
 
 def test_test01_counts_duplicates_matches_mismatches_and_missing_samples(tmp_path: Path) -> None:
@@ -150,7 +149,6 @@ def test_a_verdict_file_with_bytes_that_are_not_utf8_is_read_not_refused(tmp_pat
                 if "pass" in p.message]
 
 
-
 def test_the_audits_detail_log_is_checked_as_a_compliance_run_beside_the_missing_files(tmp_path: Path) -> None:
     """The audit runs with its own audit.config beside user.conf: LoadGen's error about several conf
     files is expected there and tolerated; any other error, and a log of another scenario, are not."""
@@ -215,7 +213,6 @@ def test_an_audit_is_expected_to_take_as_long_as_its_scenarios_performance_run()
     assert session._expected_seconds(state, "Offline", "performance") == pytest.approx(660)
     assert session._expected_seconds(state, "Server", "TEST04") == pytest.approx(660)
     assert session._expected_seconds(state, "SingleStream", "TEST04") == pytest.approx(660)
-
 
 
 def test_audit_config_text_names_its_test_then_each_key() -> None:
@@ -296,7 +293,6 @@ def test_the_audits_outcomes_are_printed_a_line_each_with_their_scores() -> None
     assert compliance.format_outcomes(outcomes).splitlines() == [
         "  TEST01 : FAIL (accuracy PASS, performance FAIL)", "    reference score = 100", "    test score = 95",
         "  TEST04 : PASS (performance PASS)", "    reference score = 100"]
-
 
 
 @pytest.mark.parametrize("performance, accuracy, expected", [

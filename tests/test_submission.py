@@ -303,7 +303,6 @@ def test_accuracy_txt_and_truncation_follow_the_official_tool(tmp_path: Path) ->
         accuracy_txt.write_packaged_accuracy(small, tmp_path / "p2", tmp_path / "f2.json")
 
 
-
 @pytest.mark.parametrize("test, scenario, key, ref, got, passed", [
     ("TEST01", "Offline", "result_samples_per_second", 100.0, 109.0, True),
     ("TEST01", "Offline", "result_samples_per_second", 100.0, 89.0, False),
