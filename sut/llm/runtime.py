@@ -69,10 +69,6 @@ class LLMRuntime:
         return self.backend.decode(ids)
 
 
-def is_generative(model: ModelManifest) -> bool:
-    return model.generation is not None
-
-
 def for_dataset(model: ModelManifest, dataset: DatasetManifest) -> ModelManifest:
     """The model as it answers this dataset's prompts: the dataset's generation.max_new_tokens, where it
     declares one, replaces the model's (an answer's length belongs to the task: a label, a summary)."""
