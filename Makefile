@@ -68,7 +68,7 @@ test: setup-test
 # The inner loop (docs/testing.md): the suite less the modules that start servers, clusters, LLM engines, trial
 # searches, model exports or many run processes, and less the tests marked slow; `make test` still runs them all.
 FAST_LEAVES_OUT := test_tuning test_cluster test_openai_endpoint test_openai_serve test_openai_faults test_llm \
-  test_llm_batching test_llm_llamacpp test_llm_profiling test_llm_summaries test_token_timing test_zoo test_site \
+  test_llm_batching test_llm_llamacpp test_llm_profiling test_llm_runtime test_llm_summaries test_token_timing test_zoo test_site \
   test_network_peers test_network_faults test_faults test_launcher_rules test_real_models test_bad_input_round3 \
   test_install test_sweep test_cli_sweep test_profiling test_bricks test_bricks_estimate test_bricks_timing \
   test_submission test_cli_submission test_gguf_unpacked test_bench_bricks
