@@ -99,3 +99,16 @@ def test_a_selection_of_mutants_is_scored_alone() -> None:
     assert chosen == {"statuses": {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived"},
                       "diffs": {"m.x_f__mutmut_2": "-a\n+b\n"}}
     assert _driver().score(chosen["statuses"])["score"] == 0.5
+
+
+def test_a_mutants_test_modules_run_quickest_first_each_in_its_own_order() -> None:
+    spec = importlib.util.spec_from_file_location("mutation_bridge", REPO / "tools" / "mutation" / "mutation_bridge.py")
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    given = ["tests/test_slow.py::test_a", "tests/test_quick.py::test_c", "tests/test_slow.py::test_b",
+             "tests/test_quick.py::test_d[1]", "tests/test_new.py::test_e"]
+    seconds = {"tests/test_slow.py::test_a": 1.0, "tests/test_slow.py::test_b": 9.0,
+               "tests/test_quick.py::test_c": 4.0, "tests/test_quick.py::test_d[1]": 3.0}
+    assert bridge.quickest_modules_first(given, seconds) == [
+        "tests/test_new.py::test_e", "tests/test_quick.py::test_c", "tests/test_quick.py::test_d[1]",
+        "tests/test_slow.py::test_a", "tests/test_slow.py::test_b"]

@@ -30,3 +30,42 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
         # mutmut's own teardown hook (after this one) files these under the finishing test.
         state()._stats.update(names)
+
+
+def _testing_a_mutant() -> bool:
+    return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """mutmut times a test by its call alone; its time limit for a mutant (tools/mutation/run.py: 4x the
+    tests' time plus 10 s) then leaves out the set-up, and a test whose fixture loads a model ran past it
+    with no mutant effect: a kill, or a survivor, filed as a timeout. Set-up and teardown count too."""
+    yield
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and call.when in ("setup", "teardown"):
+        from mutmut.state import state
+
+        state().duration_by_test[item.nodeid] += call.duration
+
+
+def quickest_modules_first(node_ids: list[str], seconds: dict[str, float]) -> list[str]:
+    """The tests' node ids, their modules in order of the module's total time (of these tests, by
+    `seconds`; unknown: 0), each module's tests in the order given."""
+    per_module: dict[str, float] = {}
+    for node_id in node_ids:
+        module = node_id.split("::")[0]
+        per_module[module] = per_module.get(module, 0.0) + seconds.get(node_id, 0.0)
+    return sorted(node_ids, key=lambda node_id: per_module[node_id.split("::")[0]])  # stable
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A mutant's test modules quickest first, each in its own order: mutmut hands pytest the tests in
+    no order and stops at the first failure, so a kill comes from a quick module's test rather than
+    after whole runs that cannot give one. Modules stay whole, so their fixtures are made once."""
+    if not _testing_a_mutant():
+        return
+    from mutmut.state import state
+
+    rank = {node_id: i for i, node_id in enumerate(quickest_modules_first([item.nodeid for item in items],
+                                                                           state().duration_by_test))}
+    items.sort(key=lambda item: rank[item.nodeid])
