@@ -112,3 +112,14 @@ def test_a_mutants_test_modules_run_quickest_first_each_in_its_own_order() -> No
     assert bridge.quickest_modules_first(given, seconds) == [
         "tests/test_new.py::test_e", "tests/test_quick.py::test_c", "tests/test_quick.py::test_d[1]",
         "tests/test_slow.py::test_a", "tests/test_slow.py::test_b"]
+
+
+def test_a_modules_mutmut_config_names_its_files_in_the_namespace_and_forks_workers_from_a_clean_process() -> None:
+    """process_isolation: the default forks each worker from the process that ran every test for the
+    stats, and a worker that reaches llama.cpp or torch then hangs in GNU OpenMP (tools/mutation/run.py)."""
+    config = _driver().mutmut_config(["sut/llm/runtime.py", "harness/running/runner.py"], ["tests/test_llm_runtime.py"],
+                                     ["tests/test_llm.py::test_x"])
+    assert config["source_paths"] == ["mlharness/sut/llm/runtime.py", "mlharness/running/runner.py"]
+    assert config["pytest_add_cli_args"] == ["-p", "mutation_bridge", "--deselect=tests/test_llm.py::test_x"]
+    assert config["pytest_add_cli_args_test_selection"] == ["tests/test_llm_runtime.py"]
+    assert config["process_isolation"] == "forkserver"

@@ -58,6 +58,26 @@ def load_modules() -> dict[str, dict[str, list[str]]]:
     return modules
 
 
+def mutmut_config(files: list[str], tests: list[str], deselect: list[str]) -> dict[str, Any]:
+    """[tool.mutmut] of a module's tree: its files (in the namespace), its tests, the bridge plugin."""
+    return {
+        "source_paths": [in_namespace(path) for path in files],
+        "also_copy": PACKAGES,
+        "pytest_add_cli_args": ["-p", "mutation_bridge", *(f"--deselect={test}" for test in deselect)],
+        "pytest_add_cli_args_test_selection": tests,
+        # A mutant that stops responses makes a LoadGen test wait: call it a timeout at 4x the
+        # selected tests' clean time (+10 s for a shared machine), not mutmut's default 15x.
+        "timeout_multiplier": 4.0,
+        "timeout_constant": 10.0,
+        # Each mutant's worker forked from a process that only imported the tests, not from the one
+        # that ran them all for the stats: GNU OpenMP (torch's libgomp, which llama.cpp's ggml also
+        # loads) keeps a thread pool that a forked child does not have, and the child's first parallel
+        # region then waits for it for ever (seen: llama_decode in gomp_team_barrier_wait_end), which
+        # mutmut filed as a timeout.
+        "process_isolation": "forkserver",
+    }
+
+
 def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
                  deselect: list[str]) -> tuple[Path, list[str]]:
     """A copy of the tracked files (as in the working tree, or at commit `rev`) plus the built
@@ -85,16 +105,7 @@ def prepare_tree(name: str, entry: dict[str, list[str]], rev: str | None,
     shutil.copytree(tree / "harness", tree / "mlharness")
     for folder in ("sut", "specs", "profiling", "scenarios"):
         shutil.copytree(tree / folder, tree / NAMESPACE[folder])
-    config = {
-        "source_paths": [in_namespace(path) for path in entry["files"]],
-        "also_copy": PACKAGES,
-        "pytest_add_cli_args": ["-p", "mutation_bridge", *(f"--deselect={test}" for test in deselect)],
-        "pytest_add_cli_args_test_selection": tests,
-        # A mutant that stops responses makes a LoadGen test wait: call it a timeout at 4x the
-        # selected tests' clean time (+10 s for a shared machine), not mutmut's default 15x.
-        "timeout_multiplier": 4.0,
-        "timeout_constant": 10.0,
-    }
+    config = mutmut_config(entry["files"], tests, deselect)
     with open(tree / "pyproject.toml", "a") as pyproject:
         pyproject.write("\n[tool.mutmut]\n")
         pyproject.writelines(f"{key} = {json.dumps(value)}\n" for key, value in config.items())
