@@ -170,3 +170,42 @@ def test_the_prompt_set_marks_the_samples_loadgen_may_ask_for_as_plain_ints() ->
     prompts.unload_samples(np.array([0, 1], np.int64))
     assert prompts.loaded == {2} and len(prompts) == 3
     assert prompts.prompt(1).tolist() == [1] and prompts.labels() == ["a", "b", "c"]
+
+
+def test_building_refuses_a_prompt_without_words_naming_the_datasets_file_before_the_engine_loads(tmp_path) -> None:
+    from mlharness.specs.manifests import load_manifest
+    from mlharness.sut.llm.runtime import build_llm_runtime
+    from tests.support import write_manifest
+
+    model, _, hardware = _manifests()
+    path = write_manifest(tmp_path, "blank-prompt.yaml", """\
+        kind: dataset
+        name: blank-prompt
+        version: 1.0.0
+        sample_count: 2
+        samples: |
+          def samples(ctx):
+              return [("Say yes.", "positive"), ("  ", "negative")]
+        evaluation: {metric: exact_match}
+        """)
+    with pytest.raises(UserError) as caught:
+        build_llm_runtime(model, load_manifest(path), hardware, "llama_cpp", {})
+    assert str(caught.value) == f"{path}: samples: item 1: expected a prompt with text in it, got '  '"
+
+
+def test_building_refuses_a_prompt_longer_than_the_window_naming_the_datasets_file() -> None:
+    shipped, dataset, _ = _manifests()
+    with pytest.raises(UserError) as caught:
+        _built(options={"dataset_limit": 1}, model=_with_generation(shipped, context_window=24))
+    assert str(caught.value).startswith(f"{dataset.path}: sample 0: the prompt is ")
+    assert str(caught.value).endswith("with max_new_tokens 4 that exceeds smollm2-135m's context window of 24 tokens")
+
+
+def test_the_runs_options_reach_the_engine() -> None:
+    """--set intra_op_threads=1 (the hardware manifest's is 0: the engine's default) and the rest."""
+    runtime = _built(options={"dataset_limit": 1, "intra_op_threads": 1})
+    try:
+        assert runtime.backend.options == {"dataset_limit": 1, "intra_op_threads": 1}
+        assert runtime.backend.intra_op_threads == 1
+    finally:
+        runtime.backend.close()
