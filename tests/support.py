@@ -45,6 +45,20 @@ def write_manifest(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+def write_blank_prompt_dataset(folder: Path, name: str) -> Path:
+    """A dataset manifest `name` of two prompts, the second ('  ', item 1) without words."""
+    return write_manifest(folder, f"{name}.yaml", f"""\
+        kind: dataset
+        name: {name}
+        version: 1.0.0
+        sample_count: 2
+        samples: |
+          def samples(ctx):
+              return [("Say yes.", "positive"), ("  ", "negative")]
+        evaluation: {{metric: exact_match}}
+        """)
+
+
 def newest_run(results: Path, model: str, scenario: str) -> dict:
     """The record of the newest ok run of a model and scenario, from its own folder (runs/<run id>/)."""
     files = sorted(scenario_root(results, model, scenario).glob("runs/*/run.json"))

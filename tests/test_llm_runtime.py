@@ -175,19 +175,10 @@ def test_the_prompt_set_marks_the_samples_loadgen_may_ask_for_as_plain_ints() ->
 def test_building_refuses_a_prompt_without_words_naming_the_datasets_file_before_the_engine_loads(tmp_path) -> None:
     from mlharness.specs.manifests import load_manifest
     from mlharness.sut.llm.runtime import build_llm_runtime
-    from tests.support import write_manifest
+    from tests.support import write_blank_prompt_dataset
 
     model, _, hardware = _manifests()
-    path = write_manifest(tmp_path, "blank-prompt.yaml", """\
-        kind: dataset
-        name: blank-prompt
-        version: 1.0.0
-        sample_count: 2
-        samples: |
-          def samples(ctx):
-              return [("Say yes.", "positive"), ("  ", "negative")]
-        evaluation: {metric: exact_match}
-        """)
+    path = write_blank_prompt_dataset(tmp_path, "blank-prompt")
     with pytest.raises(UserError) as caught:
         build_llm_runtime(model, load_manifest(path), hardware, "llama_cpp", {})
     assert str(caught.value) == f"{path}: samples: item 1: expected a prompt with text in it, got '  '"

@@ -173,18 +173,9 @@ def test_against_mlharness_serve_both_counts_are_kept_and_a_one_token_usage_fall
 def test_an_empty_prompt_is_refused_before_the_server_is_asked(specs_copy: Path, tmp_path: Path, capsys) -> None:
     """The endpoint's runtime checks the prompts as the in-process one does: one line naming the dataset
     file and the sample, before any connection (nothing listens at the address)."""
-    from tests.support import write_manifest
+    from tests.support import write_blank_prompt_dataset
 
-    dataset = write_manifest(specs_copy / "datasets", "empty-prompt.yaml", """\
-        kind: dataset
-        name: empty-prompt
-        version: 1.0.0
-        sample_count: 2
-        samples: |
-          def samples(ctx):
-              return [("Say yes.", "positive"), ("  ", "negative")]
-        evaluation: {metric: exact_match}
-        """)
+    dataset = write_blank_prompt_dataset(specs_copy / "datasets", "empty-prompt")
     code = run_cli("run", *LLAMA, "--dataset", "empty-prompt", "--endpoint", "openai+http://127.0.0.1:1/v1",
                    "--scenario", "Offline", "--mode", "accuracy", "--results-dir", tmp_path / "results")
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mlharness: error")]
