@@ -219,3 +219,25 @@ def test_a_failure_after_a_sample_was_completed_is_named_so_and_the_sample_is_no
     assert sut.completed_samples == 1
     answered = [entry for entry in logged if entry["data"]]
     assert len(answered) == 1 and len(logged) == 4  # each query once: the answered one, then three empty
+
+
+class _SilentSession:
+    """A batch session that takes every sequence and never finishes one (an engine that stalled)."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+
+    def submit(self, prompt_ids, on_token, on_done) -> None:
+        self.submitted += 1
+
+
+def test_a_batch_engine_that_never_finishes_the_warm_up_is_named_with_its_count_and_wait() -> None:
+    """token_sut warm_batch 19, 20: the wait is bounded, and the error says what did not finish."""
+    from mlharness.sut.llm.token_sut import warm_batch
+
+    session = _SilentSession()
+    with pytest.raises(RuntimeError) as caught:
+        warm_batch(session, [np.array([1, 2], np.int64), np.array([3], np.int64)], timeout=1.0)
+    assert str(caught.value) == "the batch engine did not finish 2 sequences in 1 s"
+    assert session.submitted == 2
+    assert warm_batch(session, [], timeout=1.0) == []  # nothing to wait for
