@@ -11,7 +11,11 @@ from tests.support import REPO
 
 
 def _driver():
-    spec = importlib.util.spec_from_file_location("mutation_run", REPO / "tools" / "mutation" / "run.py")
+    return _tool("run")
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"mutation_{name}", REPO / "tools" / "mutation" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -102,9 +106,7 @@ def test_a_selection_of_mutants_is_scored_alone() -> None:
 
 
 def test_a_mutants_test_modules_run_quickest_first_each_in_its_own_order() -> None:
-    spec = importlib.util.spec_from_file_location("mutation_bridge", REPO / "tools" / "mutation" / "mutation_bridge.py")
-    bridge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bridge)
+    bridge = _tool("mutation_bridge")
     given = ["tests/test_slow.py::test_a", "tests/test_quick.py::test_c", "tests/test_slow.py::test_b",
              "tests/test_quick.py::test_d[1]", "tests/test_new.py::test_e"]
     seconds = {"tests/test_slow.py::test_a": 1.0, "tests/test_slow.py::test_b": 9.0,

@@ -19,7 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     folder = os.environ.get(HITS_ENV)
-    if os.environ.get("MUTANT_UNDER_TEST") != "stats" or not folder:
+    if not _collecting_stats() or not folder:
         return
     names: set[str] = set()
     for hits in Path(folder).glob("*.hits"):
@@ -32,6 +32,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         state()._stats.update(names)
 
 
+def _collecting_stats() -> bool:  # mutmut's traced first pass
+    return os.environ.get("MUTANT_UNDER_TEST") == "stats"
+
+
 def _testing_a_mutant() -> bool:
     return "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", "")
 
@@ -42,7 +46,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     tests' time plus 10 s) then leaves out the set-up, and a test whose fixture loads a model ran past it
     with no mutant effect: a kill, or a survivor, filed as a timeout. Set-up and teardown count too."""
     yield
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and call.when in ("setup", "teardown"):
+    if _collecting_stats() and call.when in ("setup", "teardown"):
         from mutmut.state import state
 
         state().duration_by_test[item.nodeid] += call.duration
