@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -28,12 +30,18 @@ def _manifests(dataset: str = POLARITY):
     return select_model(index, "smollm2-135m", "llama_cpp"), index.find("dataset", dataset), index.find("hardware", "cpu")
 
 
-def _built(dataset: str = POLARITY, options: dict | None = None, model=None):
+@contextmanager
+def _built(dataset: str = POLARITY, options: dict | None = None, model=None) -> Iterator:
+    """The runtime, its engine closed after the block."""
     from mlharness.sut.llm.runtime import build_llm_runtime
 
     shipped, found, hardware = _manifests(dataset)
-    return build_llm_runtime(model or shipped, found, hardware, "llama_cpp",
-                             {"dataset_limit": 3} if options is None else options)
+    runtime = build_llm_runtime(model or shipped, found, hardware, "llama_cpp",
+                                {"dataset_limit": 3} if options is None else options)
+    try:
+        yield runtime
+    finally:
+        runtime.backend.close()
 
 
 def _with_generation(model, **update):
@@ -45,8 +53,7 @@ def test_the_runtime_holds_the_first_prompts_tokenized_by_its_engine_and_times_e
     from mlharness.sut.runtime import enumerate_samples, resolve_sources
 
     model, dataset, _ = _manifests()
-    runtime = _built()
-    try:
+    with _built() as runtime:
         sources = {**resolve_sources(dataset), **resolve_sources(model)}
         items = enumerate_samples(dataset, ProcessingContext(attributes={}, sources=sources, model=model,
                                                              dataset=dataset), 3)
@@ -70,19 +77,14 @@ def test_the_runtime_holds_the_first_prompts_tokenized_by_its_engine_and_times_e
         assert all(isinstance(runtime.cold_start[phase], float) and runtime.cold_start[phase] >= 0 for phase in phases)
         assert runtime.cold_start["prompt_tokens_mean"] == pytest.approx(sum(lengths) / 3)
         assert runtime.cold_start["prompt_tokens_max"] == max(lengths) and len(set(lengths)) > 1
-    finally:
-        runtime.backend.close()
 
 
 def test_without_a_limit_every_sample_is_a_prompt_and_the_datasets_answer_length_is_the_models() -> None:
-    runtime = _built(SUMMARIES, options={})
-    try:
+    with _built(SUMMARIES, options={}) as runtime:
         _, dataset, _ = _manifests(SUMMARIES)
         assert len(runtime.staged) == dataset.sample_count == 50
         assert runtime.model.generation.max_new_tokens == dataset.max_new_tokens == 48
         assert runtime.backend.model.generation.max_new_tokens == 48  # the engine generates up to it
-    finally:
-        runtime.backend.close()
 
 
 def test_the_null_backend_is_refused_before_anything_is_resolved() -> None:
@@ -117,8 +119,7 @@ def test_a_prompt_fits_exactly_when_it_leaves_max_new_tokens_of_the_context_wind
 
     shipped, _, _ = _manifests()
     model = _with_generation(shipped, context_window=96)
-    runtime = _built(options={"dataset_limit": 1}, model=model)
-    try:
+    with _built(options={"dataset_limit": 1}, model=model) as runtime:
         prompts = ["Is this review positive?", "the film is " * 8]
         length = len(runtime.backend.encode(prompts[1]))
         assert runtime.backend.context_window == 96 and 4 < length < 92
@@ -130,23 +131,20 @@ def test_a_prompt_fits_exactly_when_it_leaves_max_new_tokens_of_the_context_wind
             tokenize_prompts(runtime.backend, prompts, over, "where.yaml")
         assert str(caught.value) == (f"where.yaml: sample 1: the prompt is {length} tokens; with max_new_tokens "
                                      f"{96 - length + 1} that exceeds smollm2-135m's context window of 96 tokens")
-    finally:
-        runtime.backend.close()
 
 
 def test_the_first_generation_is_timed_alone_then_the_first_prompts_are_cycled_until_the_warm_up_ends() -> None:
     from mlharness.sut.llm.runtime import first_generation_and_warm_up
 
-    runtime = _built()
     generated: list[list[int]] = []
-    generate = runtime.backend.generate
+    with _built() as runtime:
+        generate = runtime.backend.generate
 
-    def recorded(prompt_ids, on_token=None):
-        generated.append(prompt_ids.tolist())
-        return generate(prompt_ids, on_token)
+        def recorded(prompt_ids, on_token=None):
+            generated.append(prompt_ids.tolist())
+            return generate(prompt_ids, on_token)
 
-    runtime.backend.generate = recorded  # the real engine, each prompt it was given recorded
-    try:
+        runtime.backend.generate = recorded  # the real engine, each prompt it was given recorded
         before = time.perf_counter()
         cold = first_generation_and_warm_up(runtime, queries=5, seconds=0)
         within = time.perf_counter() - before  # both phases ran inside the call, on the same clock
@@ -156,8 +154,6 @@ def test_the_first_generation_is_timed_alone_then_the_first_prompts_are_cycled_u
         assert cold["first_inference_seconds"] + cold["warmup"]["seconds"] <= within
         assert {key: cold["warmup"][key] for key in ("queries", "samples", "batch_size", "requested")} == \
             {"queries": 5, "samples": 5, "batch_size": 1, "requested": {"queries": 5, "seconds": 0}}
-    finally:
-        runtime.backend.close()
 
 
 def test_the_prompt_set_marks_the_samples_loadgen_may_ask_for_as_plain_ints() -> None:
@@ -187,16 +183,14 @@ def test_building_refuses_a_prompt_without_words_naming_the_datasets_file_before
 def test_building_refuses_a_prompt_longer_than_the_window_naming_the_datasets_file() -> None:
     shipped, dataset, _ = _manifests()
     with pytest.raises(UserError) as caught:
-        _built(options={"dataset_limit": 1}, model=_with_generation(shipped, context_window=24))
+        with _built(options={"dataset_limit": 1}, model=_with_generation(shipped, context_window=24)):
+            pass
     assert str(caught.value).startswith(f"{dataset.path}: sample 0: the prompt is ")
     assert str(caught.value).endswith("with max_new_tokens 4 that exceeds smollm2-135m's context window of 24 tokens")
 
 
 def test_the_runs_options_reach_the_engine() -> None:
     """--set intra_op_threads=1 (the hardware manifest's is 0: the engine's default) and the rest."""
-    runtime = _built(options={"dataset_limit": 1, "intra_op_threads": 1})
-    try:
+    with _built(options={"dataset_limit": 1, "intra_op_threads": 1}) as runtime:
         assert runtime.backend.options == {"dataset_limit": 1, "intra_op_threads": 1}
         assert runtime.backend.intra_op_threads == 1
-    finally:
-        runtime.backend.close()
