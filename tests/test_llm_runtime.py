@@ -180,13 +180,20 @@ def test_building_refuses_a_prompt_without_words_naming_the_datasets_file_before
     assert str(caught.value) == f"{path}: samples: item 1: expected a prompt with text in it, got '  '"
 
 
-def test_building_refuses_a_prompt_longer_than_the_window_naming_the_datasets_file() -> None:
+def test_building_refuses_a_prompt_longer_than_the_window_naming_the_datasets_file_and_closes_the_engine(
+        monkeypatch) -> None:
+    from mlharness.sut.backends.llm_llamacpp import LlamaCppLLMBackend
+
+    closed = []  # the real close, recorded: the refused runtime is never returned, so its engine is not reachable
+    real_close = LlamaCppLLMBackend.close
+    monkeypatch.setattr(LlamaCppLLMBackend, "close", lambda self: (closed.append(self.llm is not None), real_close(self)))
     shipped, dataset, _ = _manifests()
     with pytest.raises(UserError) as caught:
         with _built(options={"dataset_limit": 1}, model=_with_generation(shipped, context_window=24)):
             pass
     assert str(caught.value).startswith(f"{dataset.path}: sample 0: the prompt is ")
     assert str(caught.value).endswith("with max_new_tokens 4 that exceeds smollm2-135m's context window of 24 tokens")
+    assert closed == [True]  # the loaded engine, closed once
 
 
 def test_the_runs_options_reach_the_engine() -> None:

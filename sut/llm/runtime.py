@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -99,7 +100,7 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
     with _timed(seconds, "load_seconds"):
         backend = backends.create(backend_name, model=model, sources=model_sources, hardware=hardware, options=options)
         backend.load()
-    with _timed(seconds, "tokenize_seconds"):
+    with _timed(seconds, "tokenize_seconds"), _closed_on_error(backend):
         token_ids = tokenize_prompts(backend, [prompt for prompt, _ in items], model, str(dataset.path))
     described = {**describe_sources(dataset, dataset_sources), **describe_sources(model, model_sources)}
     prompt_lengths = [len(ids) for ids in token_ids]
@@ -107,6 +108,16 @@ def build_llm_runtime(model: ModelManifest, dataset: DatasetManifest, hardware: 
     seconds["prompt_tokens_max"] = max(prompt_lengths, default=0)
     return LLMRuntime(model, dataset, backend, PromptSet(items, token_ids), ctx,
                       {**dataset_sources, **model_sources}, described, cold_start=seconds)
+
+
+@contextmanager
+def _closed_on_error(backend: Any) -> Iterator[None]:
+    """A refused prompt must not leave the engine (its memory, its threads) loaded."""
+    try:
+        yield
+    except BaseException:
+        backend.close()
+        raise
 
 
 def check_prompts(items: Sequence[tuple[Any, Any]], dataset: DatasetManifest) -> None:
