@@ -241,3 +241,28 @@ def test_a_batch_engine_that_never_finishes_the_warm_up_is_named_with_its_count_
     assert str(caught.value) == "the batch engine did not finish 2 sequences in 1 s"
     assert session.submitted == 2
     assert warm_batch(session, [], timeout=1.0) == []  # nothing to wait for
+
+
+class _FailingSecondSession:
+    """A batch session that finishes each sequence as it is submitted: the first with its prompt echoed
+    as tokens, every later one with an error (an engine that failed mid-batch)."""
+
+    def __init__(self) -> None:
+        self.error = RuntimeError("the engine ran out of memory")
+        self.submitted = 0
+
+    def submit(self, prompt_ids, on_token, on_done) -> None:
+        self.submitted += 1
+        on_done(prompt_ids + 1, None) if self.submitted == 1 else on_done(None, self.error)
+
+
+def test_a_sequence_the_batch_engine_failed_in_the_warm_up_raises_its_error() -> None:
+    """token_sut warm_batch 6: the warm-up stops with the engine's own error, never returns None for tokens."""
+    from mlharness.sut.llm.token_sut import warm_batch
+
+    session = _FailingSecondSession()
+    with pytest.raises(RuntimeError) as caught:
+        warm_batch(session, [np.array([1, 2], np.int64), np.array([3], np.int64)], timeout=5.0)
+    assert caught.value is session.error and session.submitted == 2
+    ok = _FailingSecondSession()
+    assert [ids.tolist() for ids in warm_batch(ok, [np.array([4, 5], np.int64)], timeout=5.0)] == [[5, 6]]
