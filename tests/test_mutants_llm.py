@@ -266,3 +266,23 @@ def test_a_sequence_the_batch_engine_failed_in_the_warm_up_raises_its_error() ->
     assert caught.value is session.error and session.submitted == 2
     ok = _FailingSecondSession()
     assert [ids.tolist() for ids in warm_batch(ok, [np.array([4, 5], np.int64)], timeout=5.0)] == [[5, 6]]
+
+
+def test_the_sut_splits_its_samples_on_the_engines_steps_and_gives_the_batch_occupancy_to_three_places() -> None:
+    """token_sut token_figures 2, 21 (the engine's steps left out), 28, 32 (the occupancy's value and
+    rounding) and 7, 9 (no sample yet: an empty clock with steps recorded). The sample and steps of
+    test_llm_batching's stage split, held by the SUT: handed to the engine at 2 ms, prefilled in the
+    step 12-20 ms, its last token from the step that ended at 30 ms; 1, 2 and 2 sequences ran."""
+    from mlharness.sut.llm.token_sut import SequenceTimes, TokenStreamingSUT
+
+    ms = 1_000_000
+    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="Offline")
+    sut.engine_steps = [(20 * ms, 30 * ms, 1, 1), (12 * ms, 20 * ms, 1, 9), (0, 4 * ms, 3, 3)]
+    assert "batch_occupancy_mean" not in sut.token_figures()  # nothing issued yet: no figure, no error
+    sut.times = [SequenceTimes(0, 0, 2 * ms, [21 * ms, 31 * ms], batch_sizes=[1, 2, 2], completed=32 * ms)]
+    figures = sut.token_figures()
+    assert (figures["queue_p50_ns"], figures["engine_queue_p50_ns"], figures["prefill_p50_ns"],
+            figures["decode_p50_ns"]) == (2 * ms, 10 * ms, 8 * ms, 10 * ms)
+    assert figures["batch_occupancy_mean"] == 1.667
+    sut.engine_steps = None  # an engine that records no steps: its queue counts as prefill, on the SUT's stamps
+    assert "engine_queue_p50_ns" not in sut.token_figures() and sut.token_figures()["prefill_p50_ns"] == 19 * ms
