@@ -7,6 +7,7 @@ transformers one."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -161,9 +162,9 @@ class _RaisingObserver:
 
 
 def _token_test(tmp_path: Path, sut) -> list[dict]:
-    """A LoadGen performance test in token mode, in the SUT's scenario (SingleStream or Offline), of as
-    many queries as the SUT has prompts (Offline: one query of them all), with every response logged;
-    the accuracy log's entries."""
+    """A LoadGen performance test in token mode, in the SUT's scenario (SingleStream, Server or Offline), of
+    as many queries as the SUT has prompts (Offline: one query of them all), with every response logged;
+    the accuracy log's entries (Offline's without the first token's)."""
     import json
 
     import mlperf_loadgen as lg
@@ -178,6 +179,7 @@ def _token_test(tmp_path: Path, sut) -> list[dict]:
     settings.min_duration_ms, settings.min_query_count = 0, samples
     settings.single_stream_expected_latency_ns = 1_000_000
     settings.offline_expected_qps = samples
+    settings.server_target_qps = 100
     settings.accuracy_log_probability = 1.0
     log = lg.LogSettings()
     log.log_output.outdir = str(tmp_path)
@@ -286,3 +288,85 @@ def test_the_sut_splits_its_samples_on_the_engines_steps_and_gives_the_batch_occ
     assert figures["batch_occupancy_mean"] == 1.667
     sut.engine_steps = None  # an engine that records no steps: its queue counts as prefill, on the SUT's stamps
     assert "engine_queue_p50_ns" not in sut.token_figures() and sut.token_figures()["prefill_p50_ns"] == 19 * ms
+
+
+class _AtOnceBatch:
+    """A batch engine whose session answers each sequence as it is submitted, on the SUT's scheduler
+    thread: [7, 8, 2] as `dtype`, but a sequence whose prompt's first id is in `refused` is refused by
+    `submit`, and one in `failing` fails after its first token."""
+
+    max_new_tokens = 3
+
+    def __init__(self, dtype=np.int64, refused: frozenset = frozenset(), failing: frozenset = frozenset()) -> None:
+        self.dtype, self.refused, self.failing = dtype, refused, failing
+
+    def generate(self, prompt, on_token=None):
+        raise AssertionError("Offline batches through open_batch")
+
+    def open_batch(self, max_sequences, max_sequence_tokens):
+        return self
+
+    def submit(self, prompt_ids, on_token, on_done) -> None:
+        key = int(prompt_ids[0])
+        if key in self.refused:
+            raise RuntimeError("the engine refused the sequence")
+        on_token(7, 0)
+        if key in self.failing:
+            on_done(None, RuntimeError("engine blew up"))
+            return
+        on_token(8, 1)
+        on_token(2, 2)
+        on_done(np.array([7, 8, 2], dtype=self.dtype), None)
+
+    def close(self) -> None:
+        pass
+
+
+def _batched(engine: _AtOnceBatch, observer=None, scenario: str = "Offline"):
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    sut = TokenStreamingSUT(backend=engine, prompts=_prompts(), scenario=scenario, batching="continuous",
+                            max_batch_size=2, observer=observer)
+    assert sut.batching == "continuous"
+    return sut
+
+
+WHOLE, FIRST = np.array([7, 8, 2], np.int64).tobytes().hex(), np.array([7], np.int64).tobytes().hex()
+
+
+def test_batched_token_ids_reach_loadgen_as_int64_whatever_the_engine_returns(tmp_path: Path) -> None:
+    """token_sut _submit 43, 45: the batched path's int64 conversion, as _generate's."""
+    sut = _batched(_AtOnceBatch(dtype=np.int32))
+    logged = _token_test(tmp_path, sut)
+    assert sut.failure is None and len(logged) == 4
+    assert {(entry["data"], entry["token_count"]) for entry in logged} == {(WHOLE, 3)}
+
+
+def test_a_batched_sequence_that_fails_after_its_first_token_keeps_that_token(tmp_path: Path) -> None:
+    """token_sut _submit 32, 34, 35: the failed sample is completed empty without a second first token:
+    LoadGen keeps the one it was given; the queries after the failure get an empty one (Server: Offline's
+    log has no first tokens; LoadGen draws Server's samples at random, so every sequence fails)."""
+    sut = _batched(_AtOnceBatch(failing=frozenset(range(4))), scenario="Server")
+    logged = _token_test(tmp_path, sut)
+    failed = re.fullmatch(r"sample (\d): generate raised RuntimeError: engine blew up", str(sut.failure))
+    assert failed and len(logged) >= 4 and sut.completed_samples == 0
+    assert sorted((entry["data"], entry["token_data"]) for entry in logged) == [("", "")] * (len(logged) - 1) + [("", FIRST)]
+
+
+def test_a_sequence_the_batch_engine_refuses_fails_its_sample_at_generation(tmp_path: Path) -> None:
+    """token_sut _submit 64-66: `submit` raising is the sample's generation failing; every query ends."""
+    sut = _batched(_AtOnceBatch(refused=frozenset(range(4))))
+    logged = _token_test(tmp_path, sut)
+    assert re.fullmatch(r"sample \d: generate raised RuntimeError: the engine refused the sequence", str(sut.failure))
+    assert len(logged) == 4 and {entry["data"] for entry in logged} == {""}
+    assert sut.completed_samples == 0
+
+
+def test_a_batched_completion_that_fails_is_named_at_the_completion_stage(tmp_path: Path) -> None:
+    """token_sut _submit 46-53: the per-sample hook failing after a batched sample reached LoadGen is the
+    completion stage's failure of that sample, and the answer LoadGen has stays whole."""
+    sut = _batched(_AtOnceBatch(), observer=_RaisingObserver())
+    logged = _token_test(tmp_path, sut)
+    assert re.fullmatch(r"sample \d: complete raised RuntimeError: observer blew up", str(sut.failure)), str(sut.failure)
+    assert len(logged) == 4 and sut.completed_samples >= 1
+    assert sum(entry["data"] == WHOLE for entry in logged) == sut.completed_samples
