@@ -370,3 +370,39 @@ def test_a_batched_completion_that_fails_is_named_at_the_completion_stage(tmp_pa
     assert re.fullmatch(r"sample \d: complete raised RuntimeError: observer blew up", str(sut.failure)), str(sut.failure)
     assert len(logged) == 4 and sut.completed_samples >= 1
     assert sum(entry["data"] == WHOLE for entry in logged) == sut.completed_samples
+
+
+class _RecordingObserver:
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def sequence(self, times) -> None:
+        self.seen.append(times)
+
+
+def test_the_per_sample_hook_gets_each_completed_samples_clock(tmp_path: Path) -> None:
+    """token_sut _complete 21: the observer is handed each sample's own clock as it completes."""
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    observer = _RecordingObserver()
+    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream", observer=observer)
+    _token_test(tmp_path, sut)
+    assert len(observer.seen) == 4 and observer.seen == sut.times
+    assert all(len(clock.tokens) == 3 and clock.completed >= clock.tokens[-1] for clock in observer.seen)
+
+
+def test_one_sequence_at_a_time_runs_on_a_named_daemon_worker() -> None:
+    """token_sut start 6-13: a stack dump (the hang guard's, faulthandler's) names the worker, and a run
+    that never stops it does not keep the process alive at exit."""
+    import threading
+
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream")
+    sut.start()
+    try:
+        (worker,) = [thread for thread in threading.enumerate() if thread.name == "mlharness-llm-worker"]
+        assert worker.daemon is True and worker.is_alive()
+    finally:
+        sut.stop()
+    assert not worker.is_alive()
