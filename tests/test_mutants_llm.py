@@ -391,18 +391,21 @@ def test_the_per_sample_hook_gets_each_completed_samples_clock(tmp_path: Path) -
     assert all(len(clock.tokens) == 3 and clock.completed >= clock.tokens[-1] for clock in observer.seen)
 
 
-def test_one_sequence_at_a_time_runs_on_a_named_daemon_worker() -> None:
-    """token_sut start 6-13: a stack dump (the hang guard's, faulthandler's) names the worker, and a run
-    that never stops it does not keep the process alive at exit."""
+@pytest.mark.parametrize("batching, name", [(None, "mlharness-llm-worker"), ("continuous", "mlharness-llm-scheduler")])
+def test_the_sut_serves_on_a_named_daemon_thread(batching: str | None, name: str) -> None:
+    """token_sut start 6-13 (one sequence at a time: the worker), 38-45 (batched: the scheduler): a stack
+    dump (the hang guard's, faulthandler's) names the thread, and a run that never stops it does not keep
+    the process alive at exit; __init__ 1: a batch holds one sequence unless told otherwise."""
     import threading
 
     from mlharness.sut.llm.token_sut import TokenStreamingSUT
 
-    sut = TokenStreamingSUT(backend=_Int32Engine(), prompts=_prompts(), scenario="SingleStream")
+    sut = TokenStreamingSUT(backend=_AtOnceBatch(), prompts=_prompts(), scenario="Offline", batching=batching)
+    assert sut.describe()["max_batch_size"] == 1
     sut.start()
     try:
-        (worker,) = [thread for thread in threading.enumerate() if thread.name == "mlharness-llm-worker"]
-        assert worker.daemon is True and worker.is_alive()
+        (thread,) = [thread for thread in threading.enumerate() if thread.name == name]
+        assert thread.daemon is True and thread.is_alive()
     finally:
         sut.stop()
-    assert not worker.is_alive()
+    assert not thread.is_alive()
