@@ -295,21 +295,27 @@ class _AtOnceBatch:
     thread: [7, 8, 2] as `dtype`, but a sequence whose prompt's first id is in `refused` is refused by
     `submit`, and one in `failing` fails after its first token."""
 
-    max_new_tokens = 3
-
-    def __init__(self, dtype=np.int64, refused: frozenset = frozenset(), failing: frozenset = frozenset()) -> None:
+    def __init__(self, dtype=np.int64, refused: frozenset = frozenset(), failing: frozenset = frozenset(),
+                 max_new_tokens: int | None = 3) -> None:
         self.dtype, self.refused, self.failing = dtype, refused, failing
+        if max_new_tokens is not None:  # None: an engine that does not say how long its answers are
+            self.max_new_tokens = max_new_tokens
+        self.opened: list[tuple[int, int]] = []  # each open_batch's (max_sequences, max_sequence_tokens)
+        self.submitted = 0
 
     def generate(self, prompt, on_token=None):
         raise AssertionError("Offline batches through open_batch")
 
     def open_batch(self, max_sequences, max_sequence_tokens):
+        self.opened.append((max_sequences, max_sequence_tokens))
         return self
 
     def submit(self, prompt_ids, on_token, on_done) -> None:
+        self.submitted += 1
         key = int(prompt_ids[0])
         if key in self.refused:
             raise RuntimeError("the engine refused the sequence")
+        on_token = on_token or (lambda token, position: None)  # the warm-up follows no tokens
         on_token(7, 0)
         if key in self.failing:
             on_done(None, RuntimeError("engine blew up"))
@@ -409,3 +415,22 @@ def test_the_sut_serves_on_a_named_daemon_thread(batching: str | None, name: str
     finally:
         sut.stop()
     assert not thread.is_alive()
+
+
+def test_a_batched_sut_sizes_the_engines_batch_for_its_longest_prompt_and_answer_and_warms_it_up() -> None:
+    """token_sut __init__ 2, 31-42 and _longest 2, 3: the batch's sequence length is the longest prompt's
+    plus max_new_tokens (the prompt's alone where the engine declares no answer length); 43: the warm-up
+    sequences go through the batch before the test; 78: the SUT admits for an engine that does not say it does."""
+    from mlharness.sut.llm.runtime import PromptSet
+    from mlharness.sut.llm.token_sut import TokenStreamingSUT
+
+    prompts = PromptSet([(f"p{n}", "x") for n in (2, 5, 3)], [np.arange(n, dtype=np.int64) for n in (2, 5, 3)])
+    for engine, length in ((_AtOnceBatch(), 5 + 3), (_AtOnceBatch(max_new_tokens=None), 5)):
+        sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="Offline", batching="continuous",
+                                max_batch_size=2, warm_sequences=4)
+        assert sut.describe()["admission"] == "SUT scheduler"
+        sut.start()
+        try:
+            assert engine.opened == [(2, length)] and engine.submitted == 4
+        finally:
+            sut.stop()
