@@ -418,7 +418,7 @@ def test_the_sut_serves_on_a_named_daemon_thread(batching: str | None, name: str
 
 
 def test_a_batched_sut_sizes_the_engines_batch_for_its_longest_prompt_and_answer_and_warms_it_up() -> None:
-    """token_sut __init__ 2, 31-42 and _longest 2, 3: the batch's sequence length is the longest prompt's
+    """token_sut __init__ 2, 31-42 and _longest 2, 3, 8, 9: the batch's sequence length is the longest prompt's
     plus max_new_tokens (the prompt's alone where the engine declares no answer length); 43: the warm-up
     sequences go through the batch before the test; 78: the SUT admits for an engine that does not say it does."""
     from mlharness.sut.llm.runtime import PromptSet
@@ -434,3 +434,6 @@ def test_a_batched_sut_sizes_the_engines_batch_for_its_longest_prompt_and_answer
             assert engine.opened == [(2, length)] and engine.submitted == 4
         finally:
             sut.stop()
+    empty = PromptSet([], [])  # _longest 11, 13, 14: no prompt is no length, not an error
+    assert TokenStreamingSUT(backend=_AtOnceBatch(), prompts=empty, scenario="Offline", batching="continuous",
+                             max_batch_size=2).max_sequence_tokens == 3
