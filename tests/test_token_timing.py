@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import loadgen_hang_guard
+from tests.support import loadgen_hang_guard, token_mode_settings
 
 # Seconds slept before each token: the prefill, then a long first decode step (first and second token
 # far apart), then short steps.
@@ -102,23 +102,15 @@ def _run(tmp_path: Path, scenario: str):
 
     engine = _ScriptedEngine()
     prompts = PromptSet([(f"p{i}", "x") for i in range(QUERIES)], [np.array([i, 1], np.int64) for i in range(QUERIES)])
-    settings = lg.TestSettings()
-    settings.mode = lg.TestMode.PerformanceOnly
-    settings.use_token_latencies = True
-    settings.min_duration_ms, settings.min_query_count, settings.max_query_count = 0, QUERIES, QUERIES
-    settings.accuracy_log_probability = 1.0  # every response in the accuracy log, with its token count
+    # every response in the accuracy log, with its token count
+    settings, log = token_mode_settings(scenario, QUERIES, tmp_path, single_stream_latency_ns=600_000_000,
+                                        log_every_response=True, trace=True)
+    settings.max_query_count = QUERIES
     if scenario == "SingleStream":
-        settings.scenario = lg.TestScenario.SingleStream
-        settings.single_stream_expected_latency_ns = 600_000_000
         sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario=scenario, serve_on_caller=True)
     else:
-        settings.scenario = lg.TestScenario.Offline
-        settings.offline_expected_qps = 1000
         sut = TokenStreamingSUT(backend=engine, prompts=prompts, scenario=scenario, batching="continuous",
                                 max_batch_size=QUERIES)
-    log = lg.LogSettings()
-    log.log_output.outdir = str(tmp_path)
-    log.enable_trace = True
     with loadgen_hang_guard(), loadgen_handles(sut, QUERIES, QUERIES, prompts.load_samples, prompts.unload_samples) \
             as (lg_sut, qsl):
         def start_test() -> None:
