@@ -144,3 +144,30 @@ def test_the_exit_waiter_falls_back_to_popen_where_pidfd_open_fails() -> None:
     assert waiter(0.0) == 4
     waiter.close()
     waiter.close()  # closing twice is harmless
+
+
+def test_a_finished_run_is_published_with_its_finish_time_and_without_its_owner_file(tmp_path: Path) -> None:
+    """lifecycle publish 4, 7 (no finished_at), 17, 19 to 21 (owner.json left in, or an error without one)."""
+    for owner in (True, False):
+        where = scenario_dir(tmp_path / str(owner), "sys", "null", "Offline", "r1")
+        where.staging.mkdir(parents=True)
+        (where.staging / "mlperf_log_summary.txt").write_text("kept")
+        if owner:
+            (where.staging / "owner.json").write_text("{}")
+        guard = RunGuard(None)
+        assert guard.finalizing()  # asked first from this thread: this thread publishes
+        record = lifecycle.publish(started(), where, guard)
+        assert sorted(p.name for p in where.run_dir.iterdir()) == ["mlperf_log_summary.txt", "run.json"]
+        stored = json.loads((where.run_dir / "run.json").read_text())
+        assert stored["finished_at"] and stored["finished_at"] == record.finished_at >= "2026"
+        assert stored["results_path"] == record.results_path == str(where.run_dir) and not where.staging.exists()
+
+
+def test_a_runs_record_gets_its_peak_memory_beside_its_cold_start() -> None:
+    """lifecycle with_usage 2, 4: the process's peak memory joins the cold-start figures already there."""
+    from types import SimpleNamespace
+
+    record = lifecycle.with_usage(RunRecord.from_dict({**started().to_dict(), "cold_start": {"load_seconds": 1.5}}),
+                                  SimpleNamespace(device="cpu"))
+    assert record.cold_start["load_seconds"] == 1.5 and record.cold_start["device_memory"] is None
+    assert isinstance(record.cold_start["peak_rss_bytes"], int) and record.cold_start["peak_rss_bytes"] > 0
