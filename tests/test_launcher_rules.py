@@ -982,6 +982,8 @@ def test_the_child_imports_this_harness_and_keeps_the_callers_path(tmp_path: Pat
     assert outcome.kind == "result", outcome.error
     imported, path = json.loads(seen.read_text())
     root = launcher.package_root()
+    # a folder on the child's path holds a plain `mlharness` package, never a checkout's `harness`, `specs`...
+    assert root is None or (Path(root) / "mlharness" / "__init__.py").is_file(), root
     assert Path(imported).resolve() == Path(mlharness.__file__).resolve()
     expected = [root, extra] if root else [extra]  # an editable install's finder needs no folder on the path
     assert path.split(os.pathsep)[:len(expected)] == expected
