@@ -6,6 +6,7 @@ RunFailed with that record and the failure's exit status. In process, with the r
 from __future__ import annotations
 
 import json
+import os
 import threading
 import traceback
 from pathlib import Path
@@ -171,3 +172,28 @@ def test_a_runs_record_gets_its_peak_memory_beside_its_cold_start() -> None:
                                   SimpleNamespace(device="cpu"))
     assert record.cold_start["load_seconds"] == 1.5 and record.cold_start["device_memory"] is None
     assert isinstance(record.cold_start["peak_rss_bytes"], int) and record.cold_start["peak_rss_bytes"] > 0
+
+
+def test_the_host_is_the_checked_software_its_environment_and_the_system_on_its_device(monkeypatch) -> None:
+    """lifecycle prepare_host 1 to 13, 20: the software manifest's packages are checked (unless told
+    not to: the framework runs on a server), its environment set where the caller has not set it, and
+    the system named for the hardware's device."""
+    from importlib.metadata import version
+
+    from mlharness.running import system
+    from mlharness.specs.index import default_index
+
+    index = default_index()
+    software = index.find("software", "onnxruntime")
+    software = software.model_copy(update={"environment": {"MLHARNESS_TEST_SET": "manifest",
+                                                           "MLHARNESS_TEST_KEPT": "manifest"}})
+    monkeypatch.setenv("MLHARNESS_TEST_SET", "")  # recorded as absent before the test, so it is removed after
+    monkeypatch.delenv("MLHARNESS_TEST_SET")
+    monkeypatch.setenv("MLHARNESS_TEST_KEPT", "caller")
+    gpu = index.find("hardware", "cpu").model_copy(update={"device": "cuda:0"})
+    host = lifecycle.prepare_host(software, gpu)
+    assert host.installed["onnxruntime"] == version("onnxruntime") and set(host.installed) == set(software.packages)
+    assert (os.environ["MLHARNESS_TEST_SET"], os.environ["MLHARNESS_TEST_KEPT"]) == ("manifest", "caller")
+    assert host.detected == system.detect_system() and host.name == system.system_name(host.detected, "cuda:0")
+    assert host.name.endswith("_cuda0")
+    assert lifecycle.prepare_host(software, gpu, check_software=False).installed == {}
