@@ -197,3 +197,26 @@ def test_the_host_is_the_checked_software_its_environment_and_the_system_on_its_
     assert host.detected == system.detect_system() and host.name == system.system_name(host.detected, "cuda:0")
     assert host.name.endswith("_cuda0")
     assert lifecycle.prepare_host(software, gpu, check_software=False).installed == {}
+
+
+def test_a_new_runs_record_says_what_runs_where_and_with_which_settings(tmp_path: Path) -> None:
+    """lifecycle new_record 2 to 19: the record a run starts with, from the manifests the runner resolves."""
+    from mlharness.running.request import RunRequest
+    from mlharness.running.resolve import prepare_settings, resolve_manifests
+    from mlharness.running.system import software_versions
+
+    request = RunRequest(model="null", scenario="Offline", results_dir=tmp_path)
+    model, backend_name, dataset, hardware, software, _ = resolve_manifests(request)
+    settings = prepare_settings(request, model)
+    host = lifecycle.prepare_host(software, hardware)
+    where = lifecycle.new_place(tmp_path, host, model.name, "Offline")
+    record = lifecycle.new_record(where, host, model, dataset, backend_name, software, hardware, settings,
+                                  command="mlharness run null", scenario="Offline", mode="performance")
+    assert (record.run_id, record.command, record.scenario, record.mode) == (where.run_id, "mlharness run null",
+                                                                            "Offline", "performance")
+    assert (record.model, record.dataset, record.backend) == (model.identity(), dataset.identity(), backend_name)
+    assert (record.system_name, record.system) == (host.name, host.detected) and host.name
+    assert record.software == {"manifest": software.identity(), "checked": host.installed, "versions": software_versions()}
+    assert record.hardware == hardware.identity() | {"device": "cpu", "cpu_affinity": list(hardware.cpu_affinity or ())}
+    assert record.settings == settings.as_record() and record.settings["scenario"] == "Offline"
+    assert record.results_path == str(where.staging) and where.staging.parent == tmp_path / host.name / "null" / "Offline"
