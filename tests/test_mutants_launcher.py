@@ -220,3 +220,52 @@ def test_a_new_runs_record_says_what_runs_where_and_with_which_settings(tmp_path
     assert record.hardware == hardware.identity() | {"device": "cpu", "cpu_affinity": list(hardware.cpu_affinity or ())}
     assert record.settings == settings.as_record() and record.settings["scenario"] == "Offline"
     assert record.results_path == str(where.staging) and where.staging.parent == tmp_path / host.name / "null" / "Offline"
+
+
+class _StandInBackend:
+    """The backend of a body's runtime, as the lifecycle sees it: described into the record, closed once."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def describe(self) -> dict:
+        return {"name": "stand-in"}
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_staged_run_adopts_its_runtime_into_the_record_and_closes_it_however_the_body_ends(tmp_path: Path) -> None:
+    """lifecycle StagedRun.__init__ 2, adopt 1, 2: the adopted runtime's backend, sources and cold start
+    are in the record, published or failed, and its backend is closed once; a body that fails before it
+    adopts one fails with its own error (nothing to close)."""
+    from types import SimpleNamespace
+
+    cpu = SimpleNamespace(device="cpu")
+    for fails in (False, True):
+        where = scenario_dir(tmp_path / str(fails), "sys", "null", "Offline", "r1")
+        backend = _StandInBackend()
+        runtime = SimpleNamespace(backend=backend, artifacts={"model.weights": {"path": "w"}}, cold_start={"load_seconds": 0.5})
+
+        def body(run: lifecycle.StagedRun) -> None:
+            assert run.adopt(runtime) is runtime and run.runtime is runtime
+            if fails:
+                raise UserError("bad setting")
+
+        if fails:
+            with pytest.raises(RunFailed) as info:
+                lifecycle.run_staged(started(), where, RunGuard(None), cpu, body)
+            record = info.value.record
+        else:
+            record = lifecycle.run_staged(started(), where, RunGuard(None), cpu, body)
+        assert backend.closed == 1 and record.status == ("failed" if fails else "ok")
+        assert (record.backend_info, record.artifacts) == ({"name": "stand-in"}, {"model.weights": {"path": "w"}})
+        assert record.cold_start["load_seconds"] == 0.5 and record.cold_start["peak_rss_bytes"] > 0
+
+    def early(run: lifecycle.StagedRun) -> None:
+        raise UserError("no model")
+
+    with pytest.raises(RunFailed) as info:
+        lifecycle.run_staged(started(), scenario_dir(tmp_path / "early", "sys", "null", "Offline", "r1"), RunGuard(None),
+                             cpu, early)
+    assert str(info.value).startswith("run failed: no model (logs kept in ")
