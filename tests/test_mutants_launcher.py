@@ -175,7 +175,7 @@ def test_a_runs_record_gets_its_peak_memory_beside_its_cold_start() -> None:
 
 
 def test_the_host_is_the_checked_software_its_environment_and_the_system_on_its_device(monkeypatch) -> None:
-    """lifecycle prepare_host 1 to 13, 20: the software manifest's packages are checked (unless told
+    """lifecycle prepare_host 1 to 20: the software manifest's packages are checked (unless told
     not to: the framework runs on a server), its environment set where the caller has not set it, and
     the system named for the hardware's device."""
     from importlib.metadata import version
@@ -200,7 +200,7 @@ def test_the_host_is_the_checked_software_its_environment_and_the_system_on_its_
 
 
 def test_a_new_runs_record_says_what_runs_where_and_with_which_settings(tmp_path: Path) -> None:
-    """lifecycle new_record 2 to 19: the record a run starts with, from the manifests the runner resolves."""
+    """lifecycle new_record 2 to 35: the record a run starts with, from the manifests the runner resolves."""
     from mlharness.running.request import RunRequest
     from mlharness.running.resolve import prepare_settings, resolve_manifests
     from mlharness.running.system import software_versions
