@@ -26,13 +26,19 @@ def started() -> RunRecord:
                      backend="null", scenario="Offline", mode="performance", error_traceback="before")
 
 
-def fail(tmp_path: Path, exc: BaseException, aborted: BaseException | None = None,
-         owner: bool = True) -> tuple[RunFailed, Path]:
-    where = scenario_dir(tmp_path, "sys", "null", "Offline", "r1")
+def staged(folder: Path, owner: bool = True):
+    """A run staged under `folder` with a log in it, and its owner file unless `owner` is false."""
+    where = scenario_dir(folder, "sys", "null", "Offline", "r1")
     where.staging.mkdir(parents=True)
     (where.staging / "mlperf_log_summary.txt").write_text("kept")
     if owner:
         (where.staging / "owner.json").write_text("{}")
+    return where
+
+
+def fail(tmp_path: Path, exc: BaseException, aborted: BaseException | None = None,
+         owner: bool = True) -> tuple[RunFailed, Path]:
+    where = staged(tmp_path, owner)
     guard = RunGuard(None)  # asked first from this thread: this thread writes the failed run
     guard.aborted = aborted
     with pytest.raises(RunFailed) as info:
@@ -150,11 +156,7 @@ def test_the_exit_waiter_falls_back_to_popen_where_pidfd_open_fails() -> None:
 def test_a_finished_run_is_published_with_its_finish_time_and_without_its_owner_file(tmp_path: Path) -> None:
     """lifecycle publish 4, 7 (no finished_at), 17, 19 to 21 (owner.json left in, or an error without one)."""
     for owner in (True, False):
-        where = scenario_dir(tmp_path / str(owner), "sys", "null", "Offline", "r1")
-        where.staging.mkdir(parents=True)
-        (where.staging / "mlperf_log_summary.txt").write_text("kept")
-        if owner:
-            (where.staging / "owner.json").write_text("{}")
+        where = staged(tmp_path / str(owner), owner)
         guard = RunGuard(None)
         assert guard.finalizing()  # asked first from this thread: this thread publishes
         record = lifecycle.publish(started(), where, guard)

@@ -236,31 +236,6 @@ def test_a_batch_engine_that_never_finishes_the_warm_up_is_named_with_its_count_
     assert warm_batch(session, [], timeout=1.0) == []  # nothing to wait for
 
 
-class _FailingSecondSession:
-    """A batch session that finishes each sequence as it is submitted: the first with its prompt echoed
-    as tokens, every later one with an error (an engine that failed mid-batch)."""
-
-    def __init__(self) -> None:
-        self.error = RuntimeError("the engine ran out of memory")
-        self.submitted = 0
-
-    def submit(self, prompt_ids, on_token, on_done) -> None:
-        self.submitted += 1
-        on_done(prompt_ids + 1, None) if self.submitted == 1 else on_done(None, self.error)
-
-
-def test_a_sequence_the_batch_engine_failed_in_the_warm_up_raises_its_error() -> None:
-    """token_sut warm_batch 6: the warm-up stops with the engine's own error, never returns None for tokens."""
-    from mlharness.sut.llm.token_sut import warm_batch
-
-    session = _FailingSecondSession()
-    with pytest.raises(RuntimeError) as caught:
-        warm_batch(session, [np.array([1, 2], np.int64), np.array([3], np.int64)], timeout=5.0)
-    assert caught.value is session.error and session.submitted == 2
-    ok = _FailingSecondSession()
-    assert [ids.tolist() for ids in warm_batch(ok, [np.array([4, 5], np.int64)], timeout=5.0)] == [[5, 6]]
-
-
 def test_the_sut_splits_its_samples_on_the_engines_steps_and_gives_the_batch_occupancy_to_three_places() -> None:
     """token_sut token_figures 2, 21 (the engine's steps left out), 28, 32 (the occupancy's value and
     rounding) and 7, 9 (no sample yet: an empty clock with steps recorded). The sample and steps of
@@ -293,6 +268,7 @@ class _AtOnceBatch:
             self.max_new_tokens = max_new_tokens
         self.opened: list[tuple[int, int]] = []  # each open_batch's (max_sequences, max_sequence_tokens)
         self.submitted = 0
+        self.error = RuntimeError("engine blew up")  # what a failing sequence ends with
 
     def generate(self, prompt, on_token=None):
         raise AssertionError("Offline batches through open_batch")
@@ -309,7 +285,7 @@ class _AtOnceBatch:
         on_token = on_token or (lambda token, position: None)  # the warm-up follows no tokens
         on_token(7, 0)
         if key in self.failing:
-            on_done(None, RuntimeError("engine blew up"))
+            on_done(None, self.error)
             return
         on_token(8, 1)
         on_token(2, 2)
@@ -317,6 +293,17 @@ class _AtOnceBatch:
 
     def close(self) -> None:
         pass
+
+
+def test_a_sequence_the_batch_engine_failed_in_the_warm_up_raises_its_error() -> None:
+    """token_sut warm_batch 6: the warm-up stops with the engine's own error, never returns None for tokens."""
+    from mlharness.sut.llm.token_sut import warm_batch
+
+    engine = _AtOnceBatch(failing=frozenset({3}))  # the second sequence fails after its first token
+    with pytest.raises(RuntimeError) as caught:
+        warm_batch(engine, [np.array([1, 2], np.int64), np.array([3], np.int64)], timeout=5.0)
+    assert caught.value is engine.error and engine.submitted == 2
+    assert [ids.tolist() for ids in warm_batch(_AtOnceBatch(), [np.array([4, 5], np.int64)], timeout=5.0)] == [[7, 8, 2]]
 
 
 def _batched(engine: _AtOnceBatch, observer=None, scenario: str = "Offline"):
