@@ -33,7 +33,8 @@ SCHEMA_VERSION = 1
 # specs/ and scenarios/ are also copied where the checkout has them: tests read the shipped manifests
 # and presets by the repository's paths (REPO / "specs"), and without them the manifests module's
 # selection failed before mutating anything.
-PACKAGES = ["mlharness", "native", "setup.py", "bench", "specs", "scenarios"]
+# README.md too: test_api runs the README's example as written.
+PACKAGES = ["mlharness", "native", "setup.py", "bench", "specs", "scenarios", "README.md"]
 NAMESPACE = {"harness": "mlharness", "sut": "mlharness/sut", "specs": "mlharness/specs",
              "profiling": "mlharness/profiling", "scenarios": "mlharness/scenarios"}
 
