@@ -176,15 +176,15 @@ def with_tuned(request: RunRequest, model: ModelManifest, backend: str, system_n
     from mlharness.running import tuned as tuning
     from mlharness.running.progress import quiet_from_env
 
-    if not request.use_tuned or request.mode not in ("performance", "submission") or \
+    if not request.use_tuned or request.mode not in ("performance", "submission") or request.endpoint or \
             getattr(model, "generation", None) is not None:  # tune does not search generative models
-        return settings, None
+        return settings, None  # a server's configuration is the server's: one tuned here is not applied
     key = tuning.tuning_key(model, system_name, backend, system_mod.software_versions(), request.scenario)
     found = tuning.lookup(Path(request.results_dir), key)
     if found is not None:
         return prepare_settings(request, model, found), None
     if request.scenario not in tuning.TUNABLE_SCENARIOS or request.quiet or quiet_from_env() or \
-            (backend == "null" and not model.postprocess) or request.endpoint:
+            (backend == "null" and not model.postprocess):
         return settings, None
     return settings, tuning.untuned_note(model.name, request.scenario, system_name)
 
