@@ -1,5 +1,5 @@
 """pytest plugin for mutation runs (see sitecustomize.py): functions that ran in child processes
-started by a test count as reached by that test in mutmut's stats."""
+started by a test, started afresh or forked, count as reached by that test in mutmut's stats."""
 from __future__ import annotations
 
 import os
@@ -14,6 +14,31 @@ HITS_ENV = "MUTATION_BRIDGE_HITS"  # not MLHARNESS_*: the suite clears those for
 def pytest_configure(config: pytest.Config) -> None:
     if HITS_ENV not in os.environ:
         os.environ[HITS_ENV] = tempfile.mkdtemp(prefix="mlharness-mutation-hits-")
+    if _collecting_stats():
+        os.register_at_fork(after_in_child=_record_hits_in_file)
+
+
+class _HitsAlsoInFile(set):
+    """mutmut's in-memory record of the functions reached, which also appends each new one to a file."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def add(self, name: str) -> None:
+        if name not in self:
+            # Written at once: the child may end with os._exit, which runs no exit handlers.
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.write(name + "\n")
+        super().add(name)
+
+
+def _record_hits_in_file() -> None:
+    """A forked child (a test's run in a process of its own, without exec, so sitecustomize does not
+    run) records in a copy of mutmut's state that dies with it: there it also writes a hits file."""
+    from mutmut.state import state
+
+    state()._stats = _HitsAlsoInFile(os.path.join(os.environ[HITS_ENV], f"{os.getpid()}.hits"))
 
 
 @pytest.hookimpl(tryfirst=True)
