@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +46,12 @@ class RecordingGuard(RunGuard):
         super().attach_sut(sut)
 
 
-def _run_and_send(request: RunRequest, guard: RecordingGuard, pipe: Any) -> None:
+def _run_and_send(request: RunRequest, environment: dict[str, str], cwd: str, pipe: Any) -> None:
+    # The fork server's own environment is the one it started with: this test's is set here.
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
+    guard = RecordingGuard()
     try:
         outcome: dict[str, Any] = {"record": runner.run_here(request, guard).to_dict()}
     except RunFailed as exc:
@@ -59,13 +65,16 @@ def _run_and_send(request: RunRequest, guard: RecordingGuard, pipe: Any) -> None
 
 def run(tmp_path: Path, model: str = "null", *, seen: dict[str, Any] | None = None, **fields: Any) -> RunRecord:
     """One run as the launcher's child runs it, in a process of its own (LoadGen takes one configuration a
-    process), forked so that it starts at once; its published record. RunFailed when it failed; `seen`
-    receives what the guard was asked."""
+    process), forked from a fork server (not from this process: after a torch test GNU OpenMP's thread pool
+    would be missing in the fork, and llama.cpp's first parallel region would wait for it for ever). The
+    child imports the harness itself, from this process's sys.path (a module the server preloaded would
+    come from the server's own path: the installed harness, not a mutation run's copy). Its published record. RunFailed when it failed,
+    UserError when it was refused; `seen` receives what the guard was asked."""
     request = RunRequest(model=model, scenario=fields.pop("scenario", "Offline"), quick=True,
                          results_dir=fields.pop("results_dir", tmp_path / "results"), **fields)
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_run_and_send, args=(request, RecordingGuard(), send))
+    child = context.Process(target=_run_and_send, args=(request, dict(os.environ), os.getcwd(), send))
     child.start()
     try:
         for _ in range(CHILD_SECONDS * 10):
