@@ -125,3 +125,20 @@ def test_a_modules_mutmut_config_names_its_files_in_the_namespace_and_forks_work
     assert config["pytest_add_cli_args"] == ["-p", "mutation_bridge", "--deselect=tests/test_llm.py::test_x"]
     assert config["pytest_add_cli_args_test_selection"] == ["tests/test_llm_runtime.py"]
     assert config["process_isolation"] == "forkserver"
+
+
+def test_a_modules_tree_has_the_readme_whose_example_test_api_runs() -> None:
+    config = _driver().mutmut_config(["harness/running/runner.py"], ["tests/test_api.py"], [])
+    assert "README.md" in config["also_copy"]
+
+
+def test_a_forked_childs_reached_functions_are_also_written_to_its_hits_file(tmp_path: Path) -> None:
+    """In a test's forked child mutmut's record of reached functions dies with the child: the bridge's
+    record there appends each function to a file the first time it is reached, for the test's teardown."""
+    hits = tmp_path / "123.hits"
+    recorded = _tool("mutation_bridge")._HitsAlsoInFile(str(hits))
+    for name in ("mlharness.running.runner.x_run_here", "mlharness.running.resolve.x_token_mode",
+                 "mlharness.running.runner.x_run_here"):
+        recorded.add(name)
+    assert hits.read_text().split() == ["mlharness.running.runner.x_run_here", "mlharness.running.resolve.x_token_mode"]
+    assert recorded == {"mlharness.running.runner.x_run_here", "mlharness.running.resolve.x_token_mode"}
