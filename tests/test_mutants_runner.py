@@ -418,3 +418,18 @@ def test_a_generative_models_unknown_metric_fails_the_run_naming_the_file_that_d
             overrides=("dataset_limit=1", "intra_op_threads=1", "warmup_queries=0"))
     error = failed_record(tmp_path / "results", "smollm2-135m")["error"]
     assert error.startswith(f"{declared}: {UNKNOWN_METRIC}") and "no-such-metric" in error
+
+
+def test_results_not_of_the_shape_the_named_dims_give_fail_the_accuracy_run_naming_the_sample(
+        tmp_path: Path, specs_copy: Path) -> None:
+    """null-routed declared as [batch, 2, classes] with dims {classes: 512}, its postprocess keeping 3 of each
+    row's 512 values: the accuracy log is read against the declared (2, 512), and the run fails naming a
+    sample and both sizes."""
+    model = specs_copy / "models" / "null-routed.yaml"
+    model.write_text(model.read_text().replace("shape: [batch, 1024]", "shape: [batch, 2, classes]").replace(
+        "attributes:\n", 'postprocess: |\n  def postprocess(outputs, ctx):\n      return outputs["scores"][:, :, :3]\n'
+        "attributes:\n  dims: {classes: 512}\n", 1))
+    with pytest.raises(RunFailed):
+        run(tmp_path, "null-routed", mode="accuracy")
+    error = failed_record(tmp_path / "results", "null-routed")["error"]
+    assert "mlperf_log_accuracy.json: sample " in error and "expected (2, 512) float32, got 6 values" in error
