@@ -62,7 +62,9 @@ class ServedModel:
         inferred = time.perf_counter()
         result = self.result_of(outputs, self.ctx, batch)
         self.contract.check(result, list(range(len(samples))))
-        rows = np.ascontiguousarray(result)
+        # A copy: the rows are sent after the next batch has run, and a backend may reuse its output buffers
+        # (the null backend does), which would change a sent answer under the client's feet.
+        rows = np.array(result, order="C", copy=True)
         done = time.perf_counter()
         return BatchAnswer(rows, (preprocessed - started) * 1e6, (inferred - preprocessed) * 1e6, (done - inferred) * 1e6)
 

@@ -21,7 +21,9 @@ from mlharness.running.resolve import prepare_settings, resolve_manifests, resol
 from mlharness.running import system as system_mod, tuned as tuning
 from mlharness.running.run_child import RunGuard
 from mlharness.store.result_store import ResultStore
+from tests.network_support import mlharness_serve
 from tests.support import failing_null_model, null_model_with, sleeping_postprocess, write_manifest
+from tests.test_openai_faults import fake_openai
 
 # A bound on a run here (each takes well under a second): a run that hangs fails its test, not the suite.
 CHILD_SECONDS = 120
@@ -433,3 +435,26 @@ def test_results_not_of_the_shape_the_named_dims_give_fail_the_accuracy_run_nami
         run(tmp_path, "null-routed", mode="accuracy")
     error = failed_record(tmp_path / "results", "null-routed")["error"]
     assert "mlperf_log_accuracy.json: sample " in error and "expected (2, 512) float32, got 6 values" in error
+
+
+# -- runs against a server ----------------------------------------------------------------------------------------
+
+def test_an_accuracy_run_against_a_tensor_models_server_scores_what_the_server_answered(tmp_path: Path) -> None:
+    """null-routed served by `mlharness serve` (HTTP, on loopback): the run builds the endpoint's runtime, warms
+    the server up with the queries asked, checks no framework here (it runs there), and scores exactly 1."""
+    with mlharness_serve("null-routed", grpc=False) as served:
+        record = run(tmp_path, "null-routed", mode="accuracy", endpoint=served.http, overrides=("warmup_queries=2",))
+    assert record.accuracy["values"]["top1"] == 1.0
+    assert record.cold_start["warmup_requests"] == 3  # the first inference, then the two queries
+    assert record.software["checked"] == {} and record.loadgen["accuracy"]["sut"]["issue_path"] == "network"
+
+
+def test_a_run_against_an_openai_server_warms_it_up_and_records_both_token_counts(tmp_path: Path) -> None:
+    """smollm2-135m against a fake OpenAI-compatible server on loopback (tests/test_openai_faults.py, whose
+    answers are "positive"): the LLM server's runtime is built, the warm-up asked for sent, nothing checked
+    of a framework here, and the run's performance carries the server's and the client's token counts."""
+    with fake_openai("usage-differs") as fake:
+        record = run(tmp_path, "smollm2-135m", backend="llama_cpp", endpoint=fake.endpoint,
+                     overrides=("dataset_limit=8", "warmup_queries=0"))
+    assert record.cold_start["warmup"]["queries"] == 0 and record.software["checked"] == {}
+    assert record.performance["output_tokens_server"] >= record.performance["output_tokens_client"] > 0
