@@ -29,6 +29,8 @@ from mlharness.sut.runtime import build_runtime
 from tests.support import REPO, loadgen_hang_guard, null_model_with, tiny_torch_model, write_manifest
 
 HANG_SECONDS = 30
+# Making a connection's client (never asked to connect here) took over 1 s on 2 busy cores: a bound, not a verdict.
+CONNECT_SECONDS = 60.0
 RUN_HANG_SECONDS = 10  # a forked run_loadgen (well under a second) that loses a query ends its process here
 FULL_BATCH_RULE = "target_latency - 2 x service time of a full batch"
 BAD_PREPROCESS = "def preprocess(sample, ctx):\n    raise ValueError('bad sample')\n"
@@ -255,14 +257,14 @@ def _endpoint_runtime(llm: bool = False) -> Any:
         from mlharness.sut.network.token_exchange import PromptTexts
 
         model = load_manifest(REPO / "specs" / "models" / "smollm2-135m.yaml")
-        connection = EndpointConnection(parse_endpoint("openai+http://127.0.0.1:9/v1"), "smollm2", 4, 1.0, 1.0)
+        connection = EndpointConnection(parse_endpoint("openai+http://127.0.0.1:9/v1"), "smollm2", 4, 1.0, CONNECT_SECONDS)
         return LLMEndpointRuntime(model, None, connection, PromptTexts([("p", "x")]), None,
                                   SimpleNamespace(name="stand-in"), "chat", "server")
     from mlharness.sut.network.runtime import EndpointRuntime, open_raw_samples
 
     model, _, dataset, _, _, _ = resolve_manifests(_request("Server"))
     samples, _ = open_raw_samples(model, dataset, 16)
-    connection = EndpointConnection(parse_endpoint("http://127.0.0.1:9"), "null", 4, 1.0, 1.0)
+    connection = EndpointConnection(parse_endpoint("http://127.0.0.1:9"), "null", 4, 1.0, CONNECT_SECONDS)
     return EndpointRuntime(model, dataset, connection, samples, samples.ctx, "x")
 
 
