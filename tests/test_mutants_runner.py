@@ -458,3 +458,16 @@ def test_a_run_against_an_openai_server_warms_it_up_and_records_both_token_count
                      overrides=("dataset_limit=8", "warmup_queries=0"))
     assert record.cold_start["warmup"]["queries"] == 0 and record.software["checked"] == {}
     assert record.performance["output_tokens_server"] >= record.performance["output_tokens_client"] > 0
+
+
+def test_a_server_runs_batch_wait_is_bounded_by_the_warm_ups_full_batch_time(tmp_path: Path) -> None:
+    """Server with batch_wait_ms: the warm-up's time per full batch (from the run's cold start) derives the
+    wait's bound, recorded with its rule; and a profile with LoadGen's trace reads that trace in."""
+    record = run(tmp_path, scenario="Server", profile=("harness",),
+                 overrides=("batch_wait_ms=5", "target_latency=100", "enable_trace=1"))
+    facts = record.loadgen["performance"]["sut"]
+    assert facts["batch_wait_rule"] == "target_latency - 2 x service time of a full batch"
+    assert facts["batch_service_ms"] > 0 and facts["batch_wait_ms"] == 5.0
+    summary = json.loads((Path(record.results_path) / "profile" / "summary.json").read_text())
+    trace = summary["harness"]["loadgen_trace"]
+    assert trace["status"] == "ok" and trace["file"] == "mlperf_log_trace.json" and trace["spans"] > 0
