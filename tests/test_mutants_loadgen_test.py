@@ -480,7 +480,9 @@ def _run(tmp_path: Path, request: RunRequest, manifest: Path | None = None, back
          **kwargs: Any) -> dict[str, Any]:
     """run_loadgen of the request as the runner calls it (a real guard, facts), in a forked process of its own:
     what it returned and what the guard and the SUT saw."""
-    context = multiprocessing.get_context("fork")
+    # torch in a fork of a process that has run GNU OpenMP (an earlier torch or llama.cpp test of this worker)
+    # may wait for ever for the pool the fork lacks (seen under make test): a fresh process for torch.
+    context = multiprocessing.get_context("spawn" if backend == "torch" else "fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_run_in_child, args=(tmp_path, request, manifest, backend, kwargs, send))
     child.start()
