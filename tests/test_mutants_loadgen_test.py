@@ -1,7 +1,7 @@
 """One LoadGen test of a built runtime (running/loadgen_test.py), each rule a mutant made visible: the batch
 wait's bound, the SUT chosen and what it records in the facts, the QSL's loaders, the progress plan, the
 outcome, and run_loadgen itself: real runtimes (the shipped null model, a tiny torch model), real Settings
-from a RunRequest, a real RunGuard, and short real LoadGen tests (run_loadgen's in a forked process each:
+from a RunRequest, a real RunGuard, and short real LoadGen tests (run_loadgen's in a fresh process each:
 LoadGen takes one configuration a process)."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.support import REPO, loadgen_hang_guard, null_model_with, tiny_torch_
 HANG_SECONDS = 30
 # Making a connection's client (never asked to connect here) took over 1 s on 2 busy cores: a bound, not a verdict.
 CONNECT_SECONDS = 60.0
-RUN_HANG_SECONDS = 10  # a forked run_loadgen (well under a second) that loses a query ends its process here
+RUN_HANG_SECONDS = 10  # a run_loadgen of its own process (well under a second) that loses a query ends its process here
 FULL_BATCH_RULE = "target_latency - 2 x service time of a full batch"
 BAD_PREPROCESS = "def preprocess(sample, ctx):\n    raise ValueError('bad sample')\n"
 
@@ -478,11 +478,12 @@ def _run_in_child(tmp_path: Path, request: RunRequest, manifest: Path | None, ba
 
 def _run(tmp_path: Path, request: RunRequest, manifest: Path | None = None, backend: str | None = None,
          **kwargs: Any) -> dict[str, Any]:
-    """run_loadgen of the request as the runner calls it (a real guard, facts), in a forked process of its own:
+    """run_loadgen of the request as the runner calls it (a real guard, facts), in a fresh process of its own:
     what it returned and what the guard and the SUT saw."""
-    # torch in a fork of a process that has run GNU OpenMP (an earlier torch or llama.cpp test of this worker)
-    # may wait for ever for the pool the fork lacks (seen under make test): a fresh process for torch.
-    context = multiprocessing.get_context("spawn" if backend == "torch" else "fork")
+    # A fresh process, not a fork of this one: a fork inherits LoadGen's configuration if an earlier test of
+    # this worker made one (LoadGen takes one a process: the run is refused), and after a torch or llama.cpp
+    # test GNU OpenMP's pool is missing in a fork (torch there waits for it for ever). Both seen in make test.
+    context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_run_in_child, args=(tmp_path, request, manifest, backend, kwargs, send))
     child.start()
