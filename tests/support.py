@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import shutil
 import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from mlharness.cli import main
 
@@ -322,3 +323,30 @@ def token_mode_settings(scenario: str, queries: int, outdir: Path, *, min_durati
     log.log_output.outdir = str(outdir)
     log.enable_trace = trace
     return settings, log
+
+
+def answer_of_child(method: str, target: Callable[..., None], *args: Any, seconds: float) -> Any:
+    """What `target(*args, pipe)` sends through `pipe`, run in a process of its own that multiprocessing
+    starts by `method` ("spawn" or "forkserver": never a fork of a test's process, which inherits LoadGen's
+    configuration and a torch test's missing OpenMP pool). The wait is bounded by `seconds`; a child that
+    dies without answering fails at once, with its exit code; one that outlives its answer is killed."""
+    context = multiprocessing.get_context(method)
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=target, args=(*args, send))
+    child.start()
+    send.close()  # the child's end only: a child that dies unanswered ends the wait (EOF)
+    answered = ended = False
+    answer = None
+    try:
+        if receive.poll(seconds):
+            answer, answered = receive.recv(), True
+    except EOFError:  # the child closed its end without answering: it ended, or is ending
+        ended = True
+    finally:
+        child.join(seconds if answered or ended else 0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert answered or ended, f"the child process answered nothing in {seconds} s (killed)"
+    assert answered, f"the child process ended without answering (exit code {child.exitcode})"
+    return answer

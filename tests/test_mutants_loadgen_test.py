@@ -6,7 +6,6 @@ LoadGen takes one configuration a process)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import threading
 import time
@@ -26,11 +25,14 @@ from mlharness.running.run_child import RunGuard
 from mlharness.running.settings import build_settings
 from mlharness.specs.manifests import load_manifest
 from mlharness.sut.runtime import build_runtime
-from tests.support import REPO, loadgen_hang_guard, null_model_with, tiny_torch_model, write_manifest
+from tests.support import REPO, answer_of_child, loadgen_hang_guard, null_model_with, tiny_torch_model, write_manifest
 
 HANG_SECONDS = 30
 # Making a connection's client (never asked to connect here) took over 1 s on 2 busy cores: a bound, not a verdict.
 CONNECT_SECONDS = 60.0
+# A bound on a run's process as a whole (a fresh interpreter that imports the harness, and torch where
+# the test needs it, which on a loaded machine can take a minute); a lost query ends it long before.
+CHILD_SECONDS = 300
 RUN_HANG_SECONDS = 10  # a run_loadgen of its own process (well under a second) that loses a query ends its process here
 FULL_BATCH_RULE = "target_latency - 2 x service time of a full batch"
 BAD_PREPROCESS = "def preprocess(sample, ctx):\n    raise ValueError('bad sample')\n"
@@ -483,18 +485,8 @@ def _run(tmp_path: Path, request: RunRequest, manifest: Path | None = None, back
     # A fresh process, not a fork of this one: a fork inherits LoadGen's configuration if an earlier test of
     # this worker made one (LoadGen takes one a process: the run is refused), and after a torch or llama.cpp
     # test GNU OpenMP's pool is missing in a fork (torch there waits for it for ever). Both seen in make test.
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_run_in_child, args=(tmp_path, request, manifest, backend, kwargs, send))
-    child.start()
-    send.close()  # the child's end only: a child that dies unsent ends the wait at once
-    try:
-        assert receive.poll(HANG_SECONDS * 2), "the run's process sent nothing"
-        return receive.recv()
-    finally:
-        child.join(HANG_SECONDS)
-        if child.is_alive():
-            child.kill()
+    return answer_of_child("spawn", _run_in_child, tmp_path, request, manifest, backend, kwargs,
+                           seconds=CHILD_SECONDS)
 
 
 def _logged(logdir: Path, key: str) -> Any:

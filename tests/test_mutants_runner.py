@@ -4,7 +4,6 @@ Written for the mutants of runner.py that the CLI's whole runs left alive (issue
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -22,8 +21,8 @@ from mlharness.running import system as system_mod, tuned as tuning
 from mlharness.running.run_child import RunGuard
 from mlharness.store.result_store import ResultStore
 from tests.network_support import mlharness_serve
-from tests.support import failing_null_model, null_model_with, sleeping_postprocess, write_manifest
-from tests.test_openai_faults import fake_openai
+from tests.support import answer_of_child, failing_null_model, null_model_with, sleeping_postprocess, write_manifest
+from tests.fake_openai import fake_openai
 
 # A bound on a run here (each takes well under a second): a run that hangs fails its test, not the suite.
 CHILD_SECONDS = 120
@@ -74,20 +73,8 @@ def run(tmp_path: Path, model: str = "null", *, seen: dict[str, Any] | None = No
     UserError when it was refused; `seen` receives what the guard was asked."""
     request = RunRequest(model=model, scenario=fields.pop("scenario", "Offline"), quick=True,
                          results_dir=fields.pop("results_dir", tmp_path / "results"), **fields)
-    context = multiprocessing.get_context("forkserver")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_run_and_send, args=(request, dict(os.environ), os.getcwd(), send))
-    child.start()
-    try:
-        for _ in range(CHILD_SECONDS * 10):
-            if receive.poll(0.1) or not child.is_alive():
-                break
-        assert receive.poll(), f"the run's process sent nothing (exit code {child.exitcode})"
-        outcome = receive.recv()
-    finally:
-        child.join(CHILD_SECONDS)
-        if child.is_alive():
-            child.kill()
+    outcome = answer_of_child("forkserver", _run_and_send, request, dict(os.environ), os.getcwd(),
+                              seconds=CHILD_SECONDS)
     if seen is not None:
         seen.update(watched=outcome["watched"], given_sut=outcome["given_sut"])
     assert "raised" not in outcome, outcome.get("raised")
@@ -450,7 +437,7 @@ def test_an_accuracy_run_against_a_tensor_models_server_scores_what_the_server_a
 
 
 def test_a_run_against_an_openai_server_warms_it_up_and_records_both_token_counts(tmp_path: Path) -> None:
-    """smollm2-135m against a fake OpenAI-compatible server on loopback (tests/test_openai_faults.py, whose
+    """smollm2-135m against a fake OpenAI-compatible server on loopback (tests/fake_openai.py, whose
     answers are "positive"): the LLM server's runtime is built, the warm-up asked for sent, nothing checked
     of a framework here, and the run's performance carries the server's and the client's token counts."""
     with fake_openai("usage-differs") as fake:
