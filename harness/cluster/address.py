@@ -40,7 +40,10 @@ def parse_cluster_address(text: str, flag: str = "--cluster") -> ClusterAddress:
     if address == "ray":
         return ClusterAddress(address)
     rest = address[len(CLIENT_SCHEME):] if address.startswith(CLIENT_SCHEME) else address
-    host, colon, port_text = rest.rpartition(":")
+    if rest.startswith("[") and rest.endswith("]"):  # [::1] alone: an IPv6 address, no port
+        host, colon, port_text = rest, "", ""
+    else:
+        host, colon, port_text = rest.rpartition(":")
     if host.startswith("[") and host.endswith("]"):  # [::1]:6379
         host = host[1:-1]
     problem = None
@@ -50,7 +53,7 @@ def parse_cluster_address(text: str, flag: str = "--cluster") -> ClusterAddress:
         problem = f"{address!r} names no host" if colon or not rest else f"{address!r} names no port"
     elif not port_text.isdigit() or not 0 < int(port_text) < 65536:
         problem = f"{address!r}: the port must be a number from 1 to 65535, got {port_text!r}"
-    elif any(ch in host for ch in "/ @?#"):
+    elif any(ch in host for ch in "/ @?#[]"):  # a bracket left is one not paired around an IPv6 address
         problem = f"{address!r}: {host!r} is not a host name or address"
     if problem:
         raise UserError(f"{flag}: expected {FORMS}; {problem}")
