@@ -1,19 +1,41 @@
 """Tests that mutation testing of the tuning module (tools/mutation/modules.toml, [tuning]) asked for:
 each fails with the surviving mutant it names applied and passes without. The search's rules as its
 documentation states them, on the functions themselves (pure functions of their arguments: no run,
-no stand-in)."""
+no stand-in). Then what only slow end-to-end tests reached: the starting configuration, a trial's run
+request and description, the tuned configuration's key, lookup, note and table text (mlharness.running.
+tuned), each alone with the shipped manifests and a real results database; and `tune` itself, in a
+real Offline tune of a null-backend model that works in its first two runs only, pinned to one CPU:
+the start (two runs, --repeats' default), then one thread, batch sizes 64 and 32 and two workers, each
+failing; nothing to confirm, nothing timing-dependent.
+One test reads all that tune said, returned, stored and drew: mutation testing runs, for a mutant, only
+the tests that called its function, so a tune shared by a module fixture would be checked by the first
+test alone."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
 from mlharness.errors import RunFailed, UserError
 from mlharness.records.payloads import Performance
-from mlharness.running import tuning
+from mlharness.running import tuned, tuning
 from mlharness.running.request import RunRequest
+from mlharness.specs.index import SpecIndex
+from mlharness.specs.manifests import load_manifest
+from mlharness.store.result_store import ResultStore
+from mlharness.store.schema import SCHEMA_VERSION
+from tests.support import REPO, null_model_with, sha256, write_manifest
+
+INDEX = SpecIndex(REPO / "specs")
 
 
 @dataclass
@@ -307,3 +329,318 @@ def test_a_configuration_exactly_five_percent_off_the_best_is_a_runner_up() -> N
     search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 0}, "null", 2,
                                run_trial, say=lambda _: None)
     assert [c["settings"] for c in search.confirm_scores] == [{"intra_op_threads": 0}, {"intra_op_threads": 1}]
+
+
+def test_a_confirmation_round_runs_each_contender_once_whatever_the_repeats() -> None:
+    """--repeats 2: each searched configuration runs twice (its best counts); the confirmation, in
+    max(CONFIRM_ROUNDS, repeats) = 3 rounds, runs the start and its near-equal (one thread, 1% faster)
+    once each a round. (_Trials running a confirmation trial `repeats` times.)"""
+    calls: list[str] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        calls.append(_settings_of(request)["intra_op_threads"])
+        return _Record("run", Performance.from_dict({"p90_latency_ns": 1000.0 if calls[-1] == "0" else 990.0}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="SingleStream"), {"intra_op_threads": 0}, "null", 1,
+                               run_trial, say=lambda _: None, repeats=2)
+    assert calls == ["0", "0", "1", "1", "0", "1", "1", "0", "0", "1"]
+    assert [t.phase for t in search.trials] == ["search"] * 2 + ["confirm"] * 6
+
+
+def test_an_offline_configuration_run_again_is_sized_by_its_best_rate_not_its_last() -> None:
+    """The start ran at 100/s, then at 50/s in its first confirmation run (a slow spell): its later
+    runs are still sized to 100/s, its best. (_Trials keeping a configuration's last rate.)"""
+    start_rates = iter([100.0, 50.0, 100.0, 100.0])
+    start_sized: list[str | None] = []
+
+    def run_trial(request: RunRequest) -> _Record:
+        settings = _settings_of(request)
+        rate = settings.pop("target_qps", None)
+        if settings == {"max_batch_size": "1"}:
+            start_sized.append(rate)
+            value = next(start_rates)
+        else:  # batch 2 within 5% of the start (a runner-up, and its neighbour); the rest far behind
+            value = 99.0 if settings == {"max_batch_size": "2"} else 10.0
+        return _Record("run", Performance.from_dict({"samples_per_second": value}))
+
+    search = tuning.run_search(RunRequest(model="m", scenario="Offline"), {"max_batch_size": 1}, "null", 1,
+                               run_trial, say=lambda _: None)
+    assert [c["settings"] for c in search.confirm_scores] == [{"max_batch_size": 1}, {"max_batch_size": 2}]
+    assert start_sized == [None, "100", "100", "100"]
+
+
+# ---- the starting configuration, a trial's run and description ------------------------------------
+
+def test_the_search_starts_where_an_untuned_run_does(tmp_path: Path) -> None:
+    """Threads 0 (the framework's own) everywhere; the manifest's batch size in Offline and Server (1
+    without one); the harness's one worker in Offline, Server and MultiStream; ONNX Runtime's session
+    options at its defaults. (starting_settings with a scenario or backend compared wrongly, the batch
+    size defaulting to another number, threads or the options' values changed.)"""
+    null = INDEX.find("model", "null")  # max_batch_size 1024
+    assert tuning.starting_settings(null, "null", "SingleStream") == {"intra_op_threads": 0}
+    assert tuning.starting_settings(null, "null", "MultiStream") == {"intra_op_threads": 0, "workers": 1}
+    for scenario in ("Offline", "Server"):
+        assert tuning.starting_settings(null, "torch", scenario) == {"intra_op_threads": 0, "max_batch_size": 1024,
+                                                                     "workers": 1}
+    assert tuning.starting_settings(null, "onnxruntime", "SingleStream") == {
+        "intra_op_threads": 0, "graph_optimization": "all", "execution_mode": "sequential"}
+    assert tuning.starting_settings(null, "onnxruntime", "Offline") == {
+        "intra_op_threads": 0, "max_batch_size": 1024, "workers": 1, "graph_optimization": "all",
+        "execution_mode": "sequential"}
+    text = (REPO / "specs" / "models" / "null.yaml").read_text().replace("  max_batch_size: 1024\n", "")
+    unbatched = load_manifest(write_manifest(tmp_path, "m.yaml", text), "model")
+    assert tuning.starting_settings(unbatched, "null", "Server") == {"intra_op_threads": 0, "max_batch_size": 1,
+                                                                     "workers": 1}
+
+
+def test_a_trial_is_described_whole_with_its_seconds_to_the_millisecond() -> None:
+    """What tune returns and stores of each trial. (Trial.describe with a key renamed or a field
+    dropped, the seconds rounded to another number of places.)"""
+    trial = tuning.Trial({"workers": 2}, 88.5, "run-1", "failed", "it broke", 1.23456, "confirm")
+    assert trial.describe() == {"settings": {"workers": 2}, "value": 88.5, "run_id": "run-1", "status": "failed",
+                                "error": "it broke", "seconds": 1.235, "phase": "confirm"}
+    assert tuning.Trial({}, None, None, "no figure").describe() == {
+        "settings": {}, "value": None, "run_id": None, "status": "no figure", "error": None, "seconds": 0.0,
+        "phase": "search"}
+
+
+def test_a_trials_run_is_the_tunes_request_with_its_settings_recording_the_run_that_repeats_it() -> None:
+    """The trial's settings after the tune's own overrides; its command is the `mlharness run` line
+    (with the environment settings it carries), not the tune's. (trial_request dropping either
+    overrides, or keeping the base's command.)"""
+    base = RunRequest(model="null", scenario="Offline", overrides=("min_duration=1",), use_tuned=False,
+                      handoff="python", command="mlharness tune null --scenario Offline")
+    assert tuning.trial_request(base, ["max_batch_size=8", "workers=2"]) == replace(
+        base, overrides=("min_duration=1", "max_batch_size=8", "workers=2"),
+        command="MLHARNESS_HANDOFF=python mlharness run null --scenario Offline --mode performance "
+                "--set min_duration=1 --set max_batch_size=8 --set workers=2 --no-tuned")
+
+
+def test_a_configurations_identity_is_its_settings_as_json_in_key_order() -> None:
+    """(settings_key without sort_keys.)"""
+    assert tuning.settings_key({"workers": 2, "max_batch_size": None, "intra_op_threads": 0}) == \
+        '{"intra_op_threads": 0, "max_batch_size": null, "workers": 2}'
+
+
+# ---- mlharness.running.tuned: the key, lookup, the note, the table's text ---------------------------
+
+def test_the_software_key_is_the_backend_loadgens_version_and_the_frameworks_own() -> None:
+    """JSON: the backend, LoadGen's version and, for ONNX Runtime and torch, that package's version
+    under its own name (null when not installed); other packages do not count. (software_key with a
+    key renamed, another package's version, or the framework's left out.)"""
+    versions = {"mlcommons-loadgen": "6.0.17", "onnxruntime": "1.20.1", "torch": "2.5.0", "numpy": "2.1.0"}
+    assert tuned.software_key("onnxruntime", versions) == \
+        '{"backend": "onnxruntime", "loadgen": "6.0.17", "onnxruntime": "1.20.1"}'
+    assert tuned.software_key("torch", versions) == '{"backend": "torch", "loadgen": "6.0.17", "torch": "2.5.0"}'
+    assert tuned.software_key("null", versions) == '{"backend": "null", "loadgen": "6.0.17"}'
+    assert tuned.software_key("torch", {}) == '{"backend": "torch", "loadgen": null, "torch": null}'
+
+
+def test_the_tuning_key_is_the_model_by_name_and_sha256_the_system_backend_software_and_scenario() -> None:
+    """(tuning_key with a key renamed or another field's value under it.)"""
+    null = INDEX.find("model", "null")
+    assert tuned.tuning_key(null, "box_2c", "onnxruntime", {"mlcommons-loadgen": "6.0.17", "onnxruntime": "1.2"},
+                            "Server") == {
+        "model": "null", "model_sha256": sha256(null.path), "system_name": "box_2c", "backend": "onnxruntime",
+        "software": '{"backend": "onnxruntime", "loadgen": "6.0.17", "onnxruntime": "1.2"}', "scenario": "Server"}
+
+
+def test_lookup_reads_the_configuration_stored_under_its_key_and_nothing_else(tmp_path: Path) -> None:
+    """No database, another key, a file that is not a database or one at another schema version: no
+    tuning (None), and the run goes on. (lookup returning the store, reading a missing database, or
+    letting a damaged one's error out.)"""
+    key = {"model": "null", "model_sha256": "abc", "system_name": "box_2c", "backend": "null",
+           "software": '{"backend": "null", "loadgen": "6.0.17"}', "scenario": "Offline"}
+    assert tuned.lookup(tmp_path, key) is None
+    with ResultStore(tmp_path / "mlharness.sqlite") as store:
+        store.put_tuned(key, {"workers": 2}, "offline.samples_per_second", 88.5, [{"status": "ok"}], "tune-1",
+                        "2026-01-01T00:00:00+00:00")
+    assert tuned.lookup(tmp_path, key) == {**key, "settings": {"workers": 2},
+                                           "figure_name": "offline.samples_per_second", "figure_value": 88.5,
+                                           "trials": [{"status": "ok"}], "tuning_id": "tune-1",
+                                           "created_at": "2026-01-01T00:00:00+00:00"}
+    assert tuned.lookup(tmp_path, dict(key, scenario="Server")) is None
+    older = sqlite3.connect(tmp_path / "mlharness.sqlite")
+    older.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    older.close()
+    assert tuned.lookup(tmp_path, key) is None
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "mlharness.sqlite").write_bytes(b"not a results database\n" * 100)
+    assert tuned.lookup(damaged, key) is None
+
+
+def test_the_untuned_note_names_the_model_scenario_and_system_and_the_command_that_tunes_it() -> None:
+    assert tuned.untuned_note("resnet50-light", "Server", "box_2c") == (
+        "note: resnet50-light is untuned for Server on this system (box_2c); `mlharness tune resnet50-light "
+        "--scenario Server` searches its batch size, threads and session options and later runs here start from "
+        "what it finds")
+
+
+def test_a_stored_trials_status_marks_a_confirmation_run() -> None:
+    """(trial_status marking every trial, none, or reworded.)"""
+    assert tuned.trial_status({"status": "ok", "phase": "confirm"}) == "ok (confirm)"
+    assert tuned.trial_status({"status": "failed", "phase": "search"}) == "failed"
+    assert tuned.trial_status({"status": "ok"}) == "ok"  # stored before trials had a phase
+
+
+def test_tuned_settings_are_shown_as_key_equals_value_sorted_by_key() -> None:
+    """(settings_text unsorted, joined otherwise.)"""
+    assert tuned.settings_text({"workers": 2, "intra_op_threads": 0, "max_batch_size": 8}) == \
+        "intra_op_threads=0, max_batch_size=8, workers=2"
+    assert tuned.settings_text({}) == ""
+
+
+# ---- tune: real tunes ------------------------------------------------------------------------------
+
+# The null model's preprocess, working in the first two runs' processes only: each process leaves a
+# mark named by its id, and fails on its first sample once two others have left theirs.
+WORKS_TWICE = '''import os
+
+import numpy as np
+
+MARKS = {marks!r}
+os.makedirs(MARKS, exist_ok=True)
+open(os.path.join(MARKS, str(os.getpid())), "a").close()
+WORKS = len([mark for mark in os.listdir(MARKS) if mark != str(os.getpid())]) < 2
+
+
+def preprocess(sample, ctx):
+    if not WORKS:
+        raise RuntimeError("this model runs twice")
+    return np.array([sample], dtype=np.float32)
+'''
+SHORT = ("min_duration=1", "min_query_count=1")  # a trial of a few queries
+
+
+@contextlib.contextmanager
+def _stderr_into(path: Path) -> Iterator[None]:
+    """sys.stderr and file descriptor 2 (which the runs' processes inherit) into `path`."""
+    with open(path, "w") as sink, contextlib.redirect_stderr(sink):
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@contextlib.contextmanager
+def _on_one_cpu() -> Iterator[None]:
+    """This process (and the runs it starts) on one of its CPUs: the only thread count searched is 1."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _failure(record: Any, why: str) -> str:
+    """A failed run's error as the run says it, first line."""
+    return (f"run failed: sample 0: preprocess raised RuntimeError: {why} (logs kept in {record.results_path}); "
+            f"traceback in {record.results_path}/traceback.txt")
+
+
+def test_a_tune_says_returns_stores_and_draws_its_search_and_runs_each_trial_quietly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One Offline tune with --repeats' default (2), on one CPU, with the progress display on and drawn
+    every 10 ms, of a model whose first two runs work: the start (the manifest's batch size 1024, one
+    worker) runs twice (its better run counts); one thread, batch 64 and 32 (a plateau) and two workers
+    fail (once each: a failure is not retried); nothing near the start, so nothing to confirm.
+    Everything here reads that one tune: mutation testing selects by the tests that call a function,
+    so the tune is not shared by a fixture between tests. (tune's say lines reworded or naming other
+    fields; a returned or stored field renamed, dropped or another's value; the start taken from
+    another model or scenario; the unset settings kept or the set ones dropped; repeats defaulting to
+    another number; trials run without quiet; the ticker labelled or counted otherwise, the run
+    numbered wrong, the count not kept.)"""
+    monkeypatch.delenv("MLHARNESS_PROGRESS", raising=False)
+    monkeypatch.setenv("MLHARNESS_PROGRESS_INTERVAL", "0.01")
+    model = null_model_with(tmp_path / "models", preprocess=WORKS_TWICE.format(marks=str(tmp_path / "marks")))
+    results, said = tmp_path / "results", []
+    with _on_one_cpu(), _stderr_into(tmp_path / "stderr.txt"):
+        found = tuning.tune(RunRequest(model=str(model), scenario="Offline", overrides=SHORT,
+                                       results_dir=results, use_tuned=False), say=said.append)
+    with ResultStore(results / "mlharness.sqlite", create=False) as store:
+        runs = sorted((store.record_of(row) for row in store.list_runs()), key=lambda r: r.run_id)  # in run order
+        (listed,) = store.list_tuned()
+        stored = store.get_tuned(found["key"])
+
+    # Each trial is runs of its own: the start's two, then the others', each recorded with the `mlharness
+    # run` line that repeats it: the tune's request (no tuned layer), the trial's settings and, after the
+    # first, its one query sized by the best rate so far (the start's).
+    start = max(runs[:2], key=lambda r: r.perf.figure("samples_per_second"))
+    value, system = start.perf.figure("samples_per_second"), start.system_name
+    command = (f"mlharness run {model} --scenario Offline --mode performance --set min_duration=1 --set "
+               "min_query_count=1 --set intra_op_threads={} --set max_batch_size={} --set workers={}{} --no-tuned")
+    sized = f" --set target_qps={value:.6g}"
+    tried = [(0, 1024, 1), (1, 1024, 1), (0, 64, 1), (0, 32, 1), (0, 1024, 2)]
+    assert [(r.status, r.command) for r in runs] == [
+        ("ok", command.format(0, 1024, 1, "")), ("ok", command.format(0, 1024, 1, "")),
+        *(("failed", command.format(*t, sized)) for t in tried[1:])]
+    errors = [_failure(r, "this model runs twice") for r in runs[2:]]
+
+    assert said == [f"tuning null (null) Offline on {system}: a coordinate search in short runs",
+                    f"  trial 1: intra_op_threads=0, max_batch_size=1024, workers=1 -> {value:,.4g} samples_per_second",
+                    *(f"  trial {i}: intra_op_threads={t}, max_batch_size={b}, workers={w} -> failed: {error}"
+                      for i, (t, b, w), error in zip(range(2, 6), tried[1:], errors))]
+
+    # What it returns: the key (this model file's sha256, this system, the backend, LoadGen's version),
+    # the best (the start, with its better run's figure), every trial, no confirmation.
+    seconds = [t["seconds"] for t in found["trials"]]
+    assert all(isinstance(s, float) and s > 0 for s in seconds)
+    assert re.fullmatch(r"\d{8}T\d{12}Z-[0-9a-f]{6}", found["tuning_id"])
+    key = {"model": "null", "model_sha256": sha256(model), "system_name": system, "backend": "null",
+           "software": json.dumps({"backend": "null", "loadgen": version("mlcommons-loadgen")}), "scenario": "Offline"}
+    best = {"intra_op_threads": 0, "max_batch_size": 1024, "workers": 1}
+    trials = [{"settings": best, "value": value, "run_id": start.run_id, "status": "ok", "error": None,
+               "seconds": seconds[0], "phase": "search"},
+              *({"settings": {"intra_op_threads": t, "max_batch_size": b, "workers": w}, "value": None,
+                 "run_id": record.run_id, "status": "failed", "error": error, "seconds": took, "phase": "search"}
+                for (t, b, w), record, error, took in zip(tried[1:], runs[2:], errors, seconds[1:]))]
+    assert found == {"key": key, "settings": best, "figure": "offline.samples_per_second", "value": value,
+                     "start_value": value, "trials": trials, "confirm_scores": [], "confirmed_gain": None,
+                     "tuning_id": found["tuning_id"]}
+
+    # What it stores, under that key, in the results directory's database, where later runs look it up.
+    assert stored is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", stored["created_at"])
+    assert stored == {**key, "settings": best, "figure_name": "offline.samples_per_second", "figure_value": value,
+                      "trials": trials, "tuning_id": found["tuning_id"], "created_at": stored["created_at"]}
+    assert listed["tuning_id"] == found["tuning_id"] and tuned.lookup(results, key) == stored
+
+    # What it draws: only its own progress, `[progress] tune MODEL SCENARIO: N trials, elapsed ...,
+    # ETA ?, trial N+1 running for ...`, each run drawn while it ran (its "trials" count runs: the
+    # start's two are its trials 1 and 2); none of a run's own ("[run]" plan lines: the runs are quiet).
+    drawn = re.compile(r"\[progress\] tune null Offline: (\d) trials, elapsed \d+:\d\d, ETA \?"
+                       r"(?:, trial (\d) running for \d+:\d\d)?")
+    lines = (tmp_path / "stderr.txt").read_text().splitlines()
+    assert not [line for line in lines if line.startswith("[run]")], lines
+    progress = [line for line in lines if line.startswith("[progress]")]
+    assert progress and all(drawn.fullmatch(line) for line in progress), progress
+    running = {(int(m[1]), int(m[2])) for m in map(drawn.fullmatch, progress) if m and m[2]}
+    assert running == {(done, done + 1) for done in range(6)}
+
+
+def test_a_quiet_tune_draws_nothing_and_one_whose_start_fails_stores_nothing(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quiet turns the display off though the environment has it on. A tune whose starting
+    configuration fails says so, in one line, and stores no configuration; what it says goes to
+    stdout unless told otherwise. (tune's quiet as `--quiet and the environment`, its say defaulting to
+    something else than print.)"""
+    monkeypatch.delenv("MLHARNESS_PROGRESS", raising=False)
+    monkeypatch.setenv("MLHARNESS_PROGRESS_INTERVAL", "0.01")
+    model = null_model_with(tmp_path, preprocess="def preprocess(sample, ctx):\n    raise RuntimeError('never')\n")
+    with pytest.raises(UserError) as caught:
+        tuning.tune(RunRequest(model=str(model), scenario="SingleStream", overrides=SHORT, results_dir=tmp_path / "r",
+                               use_tuned=False, quiet=True))
+    out, err = capfd.readouterr()
+    assert err == ""
+    with ResultStore(tmp_path / "r" / "mlharness.sqlite", create=False) as store:
+        assert store.list_tuned() == []
+        (row,) = store.list_runs()
+        record = store.record_of(row)
+    error = _failure(record, "never")
+    assert str(caught.value) == f"tune: the starting configuration failed: {error}"
+    assert out == (f"tuning null (null) SingleStream on {record.system_name}: a coordinate search in short runs\n"
+                   f"  trial 1: intra_op_threads=0 -> failed: {error}\n")
