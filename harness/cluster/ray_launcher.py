@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -76,12 +77,12 @@ def remove_scratch(scratch: Path) -> None:
 
 
 def _node_id() -> str | None:
-    try:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside a Ray worker (a direct call)
+    """The Ray node this task runs on; None on a direct call outside Ray (asking Ray's runtime context
+    there would start a local Ray instance of its own)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _run_files(results_dir: Path, outcome: Outcome) -> dict[str, bytes]:

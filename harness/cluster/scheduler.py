@@ -265,7 +265,7 @@ class NodeSlots:
         except exceptions.RayTaskError as exc:  # our task raised on the node: a failed cell, not a lost node
             self._release(job)
             return self._event(job, {"status": "failed", "run_id": None, "stderr": str(exc)[-STDERR_KEPT_CHARS:],
-                                     "error": f"on node {at.node.name}: {_first_line(exc)}"}, 0.0)
+                                     "error": f"on node {at.node.name}: {_task_error(exc)}"}, 0.0)
         except exceptions.TaskUnschedulableError:  # its node went away before the cell started: place it again
             self._release(job)
             self._forget(at.node)
@@ -320,6 +320,16 @@ class NodeSlots:
             if time.monotonic() - at.start > at.request.timeout + DRIVER_GRACE_S and not at.overdue:
                 at.overdue = True
                 self.ray.cancel(ref, force=True)
+
+
+def _task_error(exc: BaseException) -> str:
+    """What a task that raised on a node said: its own exception's first line, a user error's alone and a
+    bug's with its type (Ray's RayTaskError leads with a coloured `ray::task() (pid=..., ip=...)` line
+    that says nothing of it; the whole is kept in the cell's stderr)."""
+    cause = getattr(exc, "cause", None)
+    if not isinstance(cause, BaseException):
+        return _first_line(exc)
+    return _first_line(cause) if isinstance(cause, UserError) else f"{type(cause).__name__}: {_first_line(cause)}"
 
 
 def _first_line(exc: BaseException) -> str:
