@@ -44,7 +44,7 @@ from mlharness.running.request import RunRequest
 from mlharness.store.result_store import ResultStore
 from mlharness.sweeps.cell_loop import CellEvent, CellJob
 from mlharness.sweeps.sweep_grid import Cell, load_grid
-from tests.support import null_model_with
+from tests.support import HOUR_LONG_SETTINGS, hour_long_null, null_model_with
 
 ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
 
@@ -624,3 +624,39 @@ def test_a_task_that_raises_on_the_node_is_a_failed_cell_and_a_vanished_node_put
     assert by_job[vanished] == CellEvent(vanished, None)
     assert (placements[vanished].node, placements[vanished].ref) == (None, None)
     assert slots.lost == {"fe" * 28} and alpha.load == 0.0
+
+
+def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their_node(cluster: str,
+                                                                                       tmp_path: Path) -> None:
+    """Ctrl-C with one cell ended and one an hour long in flight: the ended one is collected as any other, the
+    other cancelled: its run on the node interrupted as Ctrl-C interrupts a local one, its task ended within the
+    wait, so nothing is said of cells left running."""
+    results = tmp_path / "results"
+    ended = job("ended", results_dir=results)
+    endless = job("endless", model=str(hour_long_null(tmp_path)), scenario="SingleStream",
+                  overrides=HOUR_LONG_SETTINGS, timeout=3600.0, results_dir=results)
+    alpha = alive_nodes(ray)[cluster]
+    placements = {ended: Placement(ended.request, {SLOT: 0.5}), endless: Placement(endless.request, {SLOT: 0.5})}
+    stream = io.StringIO()
+    progress = ClusterSteps(2, stream, quiet=True)
+    progress.node_seen("alpha")
+    slots = NodeSlots(ray, placements, {alpha.node_id: alpha}, progress, RayLauncher(store=False))
+    slots.refreshed = time.monotonic() + 3600  # the node given, not read again
+    slots._start(ended, alpha)
+    slots._start(endless, alpha)
+    endless_ref = placements[endless].ref
+    done, _ = ray.wait([placements[ended].ref], timeout=300)  # a bound: the quick cell's task has ended
+    assert done
+    events, cancelled = slots.stop()
+    assert cancelled == 1 and [event.job for event in events] == [ended]
+    assert (events[0].result["status"], events[0].where) == ("ok", " on alpha")
+    assert list(slots.running.values()) == [endless]  # cancelled, left for the loop to record as stopped
+    assert ray.wait([endless_ref], timeout=0)[0] == [endless_ref]  # ended on its node within the wait
+    try:
+        outcome = ray.get(endless_ref)["outcome"]
+    except ray.exceptions.TaskCancelledError:  # cancelled before its task began on the busy node: nothing ran
+        outcome = None
+    if outcome is not None:  # under way: its run interrupted as Ctrl-C interrupts a local one
+        assert (outcome["exit_status"], outcome["record"]["status"], outcome["record"]["error"]) == (
+            130, "failed", "interrupted by SIGINT"), outcome
+    assert "still running" not in stream.getvalue()
