@@ -527,10 +527,11 @@ RAY_RESOURCES = {SLOT: 1.0, "mlharness_node:alpha": 1.0, "mlharness_system:sys-a
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    """A Ray started here: one node advertising the mlharness resources of a node named alpha; its node id."""
+    """A Ray started here, on loopback: one node advertising the mlharness resources of a node named alpha;
+    its node id."""
     started = time.monotonic()
     ray.init(num_cpus=1, resources=RAY_RESOURCES, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+             log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         print(f"Ray started in {time.monotonic() - started:.1f} s")
         yield ray.get_runtime_context().get_node_id()
