@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import textwrap
 import threading
 import time
 from collections import deque
@@ -64,15 +63,10 @@ from mlharness.sweeps.sweep import (
     sweep_summary,
 )
 from mlharness.sweeps.sweep_grid import Cell, load_grid
-from tests.support import HOUR_LONG_TIMEOUT_S, hour_long_null, null_model_with, wait_for
+from tests.support import HOUR_LONG_TIMEOUT_S, hour_long_null, null_model_with, wait_for, write_manifest
 
 NOW = "2026-01-01T00:00:00+00:00"
 NO_MODEL = "no model manifest named 'no-such-model' under "
-
-
-def write_grid(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 def a_record(run_id: str, value: float | None, *, scenario: str = "Offline", model: str = "null",
@@ -633,7 +627,7 @@ SMALL = """\
 
 
 def test_set_adds_to_or_replaces_each_cells_settings_and_quick_is_the_grids_unless_said(tmp_path: Path) -> None:
-    grid = load_grid(write_grid(tmp_path / "grid.yaml", SMALL % "true"))
+    grid = load_grid(write_manifest(tmp_path, "grid.yaml", SMALL % "true"))
     (cell,) = grid.cells
     assert cell.overrides == ("max_batch_size=4", "target_qps=20000")
 
@@ -646,7 +640,7 @@ def test_set_adds_to_or_replaces_each_cells_settings_and_quick_is_the_grids_unle
                                              quick=False))
     assert changed == Cell(replace(cell.request, quick=False,
                                    overrides=("max_batch_size=4", "min_query_count=a=b", "target_qps=30")))
-    slow = load_grid(write_grid(tmp_path / "slow.yaml", SMALL % "false"))
+    slow = load_grid(write_manifest(tmp_path, "slow.yaml", SMALL % "false"))
     assert [c.quick for c in _with_options(slow, options())] == [False]
     assert [c.quick for c in _with_options(slow, options(quick=True))] == [True]
     for bad in ("target_qps", "=30", " =30"):
@@ -658,7 +652,7 @@ def test_set_adds_to_or_replaces_each_cells_settings_and_quick_is_the_grids_unle
 def test_the_local_slots_run_each_cell_through_a_launcher_into_the_sweeps_database(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLHARNESS_PROGRESS")  # the environment's word would quiet the display whatever the sweep says
-    grid = load_grid(write_grid(tmp_path / "grid.yaml", SMALL % "true"))
+    grid = load_grid(write_manifest(tmp_path, "grid.yaml", SMALL % "true"))
     stream = io.StringIO()
     jobs = [job_of(tmp_path), job_of(tmp_path)]
     for quiet in (False, True):
@@ -711,7 +705,7 @@ class Recording:
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One sweep of GRID: two null cells, ok, and one of a model that does not exist, failed."""
     root = tmp_path_factory.mktemp("swept")
-    grid = write_grid(root / "grid.yaml", GRID)
+    grid = write_manifest(root, "grid.yaml", GRID)
     options = SweepOptions(results_dir=root / "results", db_path=root / "results" / "db.sqlite")
     stream, recording = io.StringIO(), Recording()
     started = utc_now()
@@ -784,14 +778,14 @@ def test_the_same_sweep_again_runs_only_what_is_not_finished_or_what_it_is_told_
     assert ([job.cell for job in recording.calls[1][0]], retried.skipped) == ([failing_cell], 2)
     assert [(o.cell, o.status) for o in retried.outcomes] == [(failing_cell, "failed")]
     # The same sweep narrowed to that cell finds it finished; --rerun runs it again.
-    narrowed = write_grid(tmp_path / "narrowed.yaml", FAILING.replace("name: failing", "name: mut"))
+    narrowed = write_manifest(tmp_path, "narrowed.yaml", FAILING.replace("name: failing", "name: mut"))
     assert run_sweep(narrowed, options, io.StringIO(), slots=recording).skipped == 1
     rerun = run_sweep(narrowed, replace(options, rerun=True), io.StringIO(), slots=recording)
     assert ([job.cell for job in recording.calls[3][0]], rerun.skipped) == ([failing_cell], 0)
 
 
 def test_the_commands_repeat_timeout_and_sweep_id_win_over_the_grids(tmp_path: Path) -> None:
-    grid = write_grid(tmp_path / "grid.yaml", FAILING)
+    grid = write_manifest(tmp_path, "grid.yaml", FAILING)
     (cell,) = load_grid(grid).cells
     recording, stream = Recording(), io.StringIO()
     options = SweepOptions(results_dir=Path("results"), db_path=Path("db.sqlite"), sweep_id="other", repeat=2,
@@ -835,7 +829,7 @@ def test_a_signal_while_a_cell_runs_stops_it_records_it_and_stops_the_sweep(tmp_
     other cell and stops with 128 + SIGTERM (the sweep's own slots, as `mlharness sweep` makes them)."""
     with signals_of_a_terminal():
         model = hour_long_null(tmp_path / "models")
-        grid = write_grid(tmp_path / "grid.yaml", f"""\
+        grid = write_manifest(tmp_path, "grid.yaml", f"""\
             name: hour
             quick: true
             timeout: {HOUR_LONG_TIMEOUT_S}
