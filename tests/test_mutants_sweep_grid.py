@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -654,6 +655,53 @@ def test_probing_the_local_cluster_connects_nowhere_and_a_closed_port_is_one_lin
         probe(parse_cluster_address(f"127.0.0.1:{port}"), 5.0)
     assert str(caught.value) == (f"--cluster 127.0.0.1:{port}: cannot connect to 127.0.0.1 port {port}: Connection "
                                  f"refused; is the Ray head started there (mlharness node --head)?")
+
+
+def test_probing_a_port_that_takes_no_connection_waits_the_timeout_and_says_no_answer() -> None:
+    """A port that never answers the connection (a firewall that drops): Linux drops the connection request
+    to a listening socket whose queue is full, so the queue is filled first, until a connection is no
+    longer taken. The probe ends at its own timeout, not after TCP's retries (about two minutes)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued: list[socket.socket] = []
+        try:
+            for _ in range(16):
+                client = socket.socket()
+                queued.append(client)
+                client.settimeout(0.5)
+                try:
+                    client.connect(("127.0.0.1", port))
+                except socket.timeout:
+                    break
+            else:
+                pytest.fail("the listening socket's queue never filled")
+            with pytest.raises(UserError) as caught:
+                probe(parse_cluster_address(f"127.0.0.1:{port}"), 0.5)
+        finally:
+            for client in queued:
+                client.close()
+    assert str(caught.value) == (f"--cluster 127.0.0.1:{port}: no answer from 127.0.0.1 port {port} within 0.5 s "
+                                 f"(--connect-timeout); is the Ray head started there (mlharness node --head) and "
+                                 f"the port open?")
+
+
+def test_probing_a_port_that_accepts_and_never_answers_says_so_after_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that takes the connection and sends nothing: gRPC's call ends at the probe's timeout. The
+    probe quiets gRPC's own logging of the failed call unless the user set it."""
+    monkeypatch.setenv("GRPC_VERBOSITY", "unset by the test")
+    monkeypatch.delenv("GRPC_VERBOSITY")  # restored as it was after the test
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        with pytest.raises(UserError) as caught:
+            probe(parse_cluster_address(f"127.0.0.1:{port}"), 0.5, "--address")
+    assert str(caught.value) == (f"--address 127.0.0.1:{port}: 127.0.0.1 port {port} accepts connections but sent no "
+                                 f"gRPC answer within 0.5 s (--connect-timeout); is it the Ray head's port "
+                                 f"(mlharness node --head)?")
+    assert os.environ["GRPC_VERBOSITY"] == "ERROR"
 
 
 @contextlib.contextmanager
