@@ -14,10 +14,13 @@ advertising mlharness resources; cells run as real Ray tasks (a node's real `run
 `RayLauncher` and `NodeSlots`, synchronised on `ray.wait`; the Ray is shut down at the module's end."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,8 +37,9 @@ import pytest
 from mlharness.cluster.ray_launcher import (RayLauncher, _moved, _run_files, connect, finish, node_info,
                                             remove_scratch, require_ray, run_on_node)
 from mlharness.cluster.resources import SLOT
-from mlharness.cluster.scheduler import (ClusterSteps, Node, NodeSlots, Placement, _first_line, _task_error, alive_nodes,
-                                         node_slots)
+from mlharness.cluster import scheduler
+from mlharness.cluster.scheduler import (NODES_REFRESH_S, ClusterSteps, Node, NodeSlots, Placement, _first_line,
+                                         _task_error, alive_nodes, node_slots)
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.outcome import Outcome
@@ -44,12 +48,14 @@ from mlharness.running.request import RunRequest
 from mlharness.store.result_store import ResultStore
 from mlharness.sweeps.cell_loop import CellEvent, CellJob
 from mlharness.sweeps.sweep_grid import Cell, load_grid
-from tests.support import HOUR_LONG_SETTINGS, hour_long_null, null_model_with
+from tests.support import HOUR_LONG_SETTINGS, ended, hour_long_null, null_model_with, wait_for
 
 ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
 
 QUICK = ("min_duration=100",)
-FAILING_POSTPROCESS = ('def postprocess(outputs, ctx):\n    print("e" * 9000)\n'
+# Bytes that are not UTF-8 come first (cut from the tail sent back, but read on the node), then 9000 characters.
+FAILING_POSTPROCESS = ('import sys\n\ndef postprocess(outputs, ctx):\n    sys.stdout.flush()\n'
+                       '    sys.stdout.buffer.write(b"\\xff\\xfe\\n")\n    print("e" * 9000)\n'
                        '    raise RuntimeError("postprocess blew up")\n')
 
 
@@ -68,11 +74,15 @@ def on_the_node(request: RunRequest) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def payloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What nodes send back for an ok null run, a failed run (with 9000 characters of output) and a request
-    that names no model: real run_on_node payloads."""
+    that names no model: real run_on_node payloads. $MLHARNESS_DB names a database the node must not write
+    (only the driver stores)."""
     models = tmp_path_factory.mktemp("models")
     failing = null_model_with(models, postprocess=FAILING_POSTPROCESS)
-    return {"ok": on_the_node(null_request()), "failed": on_the_node(null_request(model=str(failing))),
-            "nothing": on_the_node(null_request(model="no-such-model"))}
+    node_db = models / "node-db.sqlite"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLHARNESS_DB", str(node_db))
+        return {"ok": on_the_node(null_request()), "failed": on_the_node(null_request(model=str(failing))),
+                "nothing": on_the_node(null_request(model="no-such-model")), "node_db": node_db}
 
 
 def copy_of(payload: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +109,7 @@ def test_run_on_node_sends_back_the_outcome_the_files_and_the_output_and_leaves_
     assert RunRecord.from_dict(json.loads(ok["files"][f"{folder}/run.json"])).to_dict() == record.to_dict()
     assert json.loads(ok["files"][f"{record.system_name}.json"])["system_name"] == record.system_name
     assert ok["output"] == ""  # the run printed nothing (no progress under the tests)
+    assert not payloads["node_db"].exists()  # the node stores nothing
 
     failed = payloads["failed"]
     outcome = Outcome.from_dict(failed["outcome"], "payload")
@@ -326,6 +337,36 @@ def test_finish_of_an_error_without_a_record_writes_nothing_and_stores_nothing(p
     assert (outcome.kind, outcome.record, output) == ("error", None, "")
     assert outcome.error == f"cannot read {tmp_path / 'results'}/x.yaml"
     assert not (tmp_path / "results").exists() and not (tmp_path / "db.sqlite").exists()
+
+
+def test_finish_of_an_outcome_from_a_newer_mlharness_is_refused_naming_it(payloads: dict, tmp_path: Path) -> None:
+    payload = copy_of(payloads["ok"])
+    payload["outcome"]["schema_version"] = 99
+    with pytest.raises(UserError) as caught:
+        finish(null_request(results_dir=tmp_path / "results"), payload, db_path=tmp_path / "db.sqlite")
+    assert str(caught.value).startswith("the outcome sent back by the node: outcome schema_version 99 is newer than")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "db.sqlite").exists()
+
+
+def test_finish_of_a_record_sent_without_its_files_stores_the_record_and_writes_no_folder(payloads: dict,
+                                                                                          tmp_path: Path) -> None:
+    payload = copy_of(payloads["ok"])
+    payload["files"] = {}
+    outcome, _ = finish(null_request(results_dir=tmp_path / "results"), payload, db_path=tmp_path / "db.sqlite")
+    assert not (tmp_path / "results").exists()
+    with ResultStore(tmp_path / "db.sqlite") as store:
+        assert store.get_record(outcome.record.run_id).to_dict() == outcome.record.to_dict()
+
+
+def test_finish_makes_the_results_folder_whatever_order_the_files_come_in(payloads: dict, tmp_path: Path) -> None:
+    """The system description first, into a results folder whose parents do not exist yet."""
+    payload = copy_of(payloads["ok"])
+    payload["files"] = dict(sorted(payload["files"].items(), key=lambda item: os.sep in item[0]))
+    assert os.sep not in next(iter(payload["files"]))
+    results = tmp_path / "a" / "b" / "results"
+    outcome, _ = finish(null_request(results_dir=results), payload, store=False)
+    assert installed(results).keys() >= {rel for rel in payload["files"] if not rel.endswith("run.json")}
+    assert (Path(outcome.record.results_path) / "run.json").is_file()
 
 
 def test_finish_writes_the_nodes_traceback_into_this_machines_temp_folder(payloads: dict, tmp_path: Path) -> None:
@@ -597,6 +638,10 @@ def test_node_slots_place_each_cell_on_a_free_slot_and_collect_it(cluster: str, 
         stored = store.get_record(event.result["run_id"])
     assert stored.system["cluster_node"] == {"name": "alpha", "hostname": socket.gethostname(), "ray_node_id": cluster}
     assert stored.results_path.startswith(str(results.resolve()) + "/")
+    (tmp_path / "grid.yaml").write_text('models: ["null"]\nscenarios: [Offline]\ncluster: {cells_per_node: 2}\n')
+    halves = node_slots(jobs, SimpleNamespace(quiet=True, db_path=tmp_path / "db.sqlite"), load_grid(tmp_path / "grid.yaml"),
+                        stream)
+    assert halves.placements[jobs[0]].needs == {SLOT: 0.5} and halves.progress.stream is stream
 
 
 def test_a_task_that_raises_on_the_node_is_a_failed_cell_and_a_vanished_node_puts_it_back(cluster: str,
@@ -648,6 +693,10 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     endless_ref = placements[endless].ref
     done, _ = ray.wait([placements[ended].ref], timeout=300)  # a bound: the quick cell's task has ended
     assert done
+    # The cell in flight holds its share of the node's slot from Ray itself, and no CPU (the run's own process
+    # is the node's to schedule): what keeps two cells off one slot, beside another sweep too.
+    wait_for(lambda: (ray.available_resources().get(SLOT), ray.available_resources().get("CPU")) == (0.5, 1.0),
+             "the endless cell holding half the slot and no CPU")
     events, cancelled = slots.stop()
     assert cancelled == 1 and [event.job for event in events] == [ended]
     assert (events[0].result["status"], events[0].where) == ("ok", " on alpha")
@@ -661,3 +710,166 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
         assert (outcome["exit_status"], outcome["record"]["status"], outcome["record"]["error"]) == (
             130, "failed", "interrupted by SIGINT"), outcome
     assert "still running" not in stream.getvalue()
+
+
+def collected(slots: NodeSlots, count: int, bound_s: float = 300.0) -> list[CellEvent]:
+    """`next_done` until `count` cells are collected (the bound only fails a cell that never ends)."""
+    events: list[CellEvent] = []
+    deadline = time.monotonic() + bound_s
+    while len(events) < count:
+        assert time.monotonic() < deadline, f"{len(events)} of {count} cells collected within {bound_s:g} s"
+        events += slots.next_done()
+    return events
+
+
+def test_place_puts_a_cell_on_the_least_loaded_free_node_and_a_retry_elsewhere_when_anywhere_else_matches(
+        cluster: str) -> None:
+    """Nodes the cluster does not have (their tasks come back unschedulable: nothing runs), so only the choice
+    is seen: the least loaded free node, by name among equals; a retry avoids the node it was lost on unless
+    no other node matches."""
+    alpha = Node("a1" * 28, "alpha", {SLOT: 1.0}, load=0.5)
+    gamma = Node("c1" * 28, "gamma", {SLOT: 1.0, "mlharness_gpu:T4": 1.0})
+    beta = Node("b1" * 28, "beta", {SLOT: 1.0})
+    first, retry, only_there = job("first"), job("retry"), job("only-there")
+    placements = {first: Placement(first.request, {SLOT: 0.5}),
+                  retry: Placement(retry.request, {SLOT: 0.5}, attempt=1, avoid={gamma.node_id}),
+                  only_there: Placement(only_there.request, {SLOT: 0.5, "mlharness_gpu:T4": 1.0}, attempt=1,
+                                        avoid={gamma.node_id})}
+    slots = slots_of(placements, alpha, gamma, beta)
+    waiting = deque([first, retry, only_there])
+    assert slots.place(waiting) == [] and not waiting
+    # first: beta and gamma hold nothing, beta by name; retry: not gamma, alpha and beta at half, alpha by name;
+    # only-there: gamma alone has the T4.
+    assert [placements[j].node.name for j in (first, retry, only_there)] == ["beta", "alpha", "gamma"]
+    assert (alpha.load, beta.load, gamma.load) == (1.0, 0.5, 0.5)
+    events = collected(slots, 3)
+    assert sorted(events, key=lambda e: e.job.label) == [CellEvent(j, None) for j in (first, only_there, retry)]
+
+
+def test_refresh_reads_the_alive_nodes_once_a_second_keeping_their_loads_and_leaving_out_lost_ones(
+        cluster: str) -> None:
+    alpha = alive_nodes(ray)[cluster]
+    alpha.load = 0.5
+    ghost = Node("fe" * 28, "ghost", dict(RAY_RESOURCES))
+    slots = slots_of({}, alpha, ghost)  # read "just now" (an hour ahead): not read again
+    assert slots.place(deque()) == [] and slots.nodes == {cluster: alpha, ghost.node_id: ghost}
+    slots.refreshed = time.monotonic() - NODES_REFRESH_S - 1
+    before = time.monotonic()
+    slots.place(deque())
+    assert list(slots.nodes) == [cluster] and slots.nodes[cluster] is not alpha and slots.refreshed >= before
+    assert (slots.nodes[cluster].load, slots.nodes[cluster].resources) == (0.5, alpha.resources)
+    assert slots.progress.nodes == {"alpha": []}  # the ghost gone from the display
+    slots.nodes, slots.progress.nodes = {}, {}  # a node the slots did not know: new, shown, nothing on it
+    slots.refreshed = time.monotonic() - NODES_REFRESH_S - 1
+    slots.place(deque())
+    assert slots.nodes[cluster].load == 0.0 and slots.progress.nodes == {"alpha": []}
+    slots._forget(slots.nodes[cluster])  # a node a cell was lost on stays out while the cluster lists it
+    slots.refreshed = time.monotonic() - NODES_REFRESH_S - 1
+    slots.place(deque())
+    assert slots.nodes == {} and slots.progress.nodes == {} and slots.lost == {cluster}
+
+
+def endless_job(label: str, tmp_path: Path, model: Path | None = None) -> CellJob:
+    return job(label, model=str(model or hour_long_null(tmp_path)), scenario="SingleStream",
+               overrides=HOUR_LONG_SETTINGS, timeout=3600.0, results_dir=tmp_path / "results")
+
+
+def marking_model(folder: Path) -> tuple[Path, Path]:
+    """The hour-long null model whose first query writes, to a mark file, the pids of the Ray worker running the
+    cell and of the run's own process (the worker's child): the model and the mark."""
+    mark = folder / "pids"
+    postprocess = ("import os, time\n\ndef postprocess(outputs, ctx):\n"
+                   f"    mark = {str(mark)!r}\n"
+                   "    if not os.path.exists(mark):\n"
+                   "        with open(mark + '.tmp', 'w') as out:\n"
+                   "            out.write(f'{os.getppid()} {os.getpid()}')\n"
+                   "        os.replace(mark + '.tmp', mark)\n"
+                   "    time.sleep(0.02)\n    return outputs['scores']\n")
+    return null_model_with(folder / "models", postprocess=postprocess), mark
+
+
+@contextlib.contextmanager
+def killed_run(mark: Path) -> Iterator[tuple[int, int]]:
+    """Once the cell's run is under way (its mark written): the worker's and the run's pids. After, the run must
+    end with its worker, and the scratch folder that a worker killed on the node leaves is removed."""
+    import psutil
+
+    wait_for(mark.exists, "the cell's run under way on the node", timeout=300)
+    worker, run = map(int, mark.read_text().split())
+    scratch = Path(os.readlink(f"/proc/{run}/fd/1")).parent  # the run's output file, in the task's scratch folder
+    assert scratch.name.startswith("mlharness-node-cell-"), scratch
+    try:
+        yield worker, run
+        wait_for(lambda: not psutil.pid_exists(run) or ended(psutil.Process(run)),
+                 "the run's process ended with its worker")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_cell_its_node_does_not_stop_is_cancelled_past_its_timeout_and_recorded_failed(
+        cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hour-long cells under way whose starts are moved back instead of waited for: one past its timeout and
+    the driver's grace is cancelled by force and recorded failed; one past its timeout but within the grace goes
+    on. The grace is made an hour so the test's own pace cannot move a cell across it."""
+    monkeypatch.setattr(scheduler, "DRIVER_GRACE_S", 3600.0)
+    model, mark = marking_model(tmp_path)
+    overdue, within = endless_job("overdue", tmp_path, model), endless_job("within", tmp_path)
+    alpha = alive_nodes(ray)[cluster]
+    placements = {j: Placement(j.request, {SLOT: 0.5}) for j in (overdue, within)}
+    slots = slots_of(placements, alpha)
+    slots._start(overdue, alpha)
+    slots._start(within, alpha)
+    with killed_run(mark):
+        placements[overdue].start -= 3600 + 3600 + 1
+        placements[within].start -= 3600
+        (event,) = collected(slots, 1)
+    assert event == CellEvent(overdue, {"status": "failed", "run_id": None, "stderr": "",
+                                        "error": "cancelled on node alpha after 3600 s (the cell's timeout; its node "
+                                                 "did not stop it)"}, 0.0, " on alpha")
+    assert placements[overdue].overdue and not placements[within].overdue
+    assert list(slots.running.values()) == [within] and alpha.load == 0.5 and slots.lost == set()
+    assert slots.stop() == ([], 1)
+
+
+def test_a_cell_whose_worker_dies_is_lost_with_its_node_failed_for_now_and_given_back_to_place_elsewhere(
+        cluster: str, tmp_path: Path) -> None:
+    """The Ray worker running a cell killed mid-run (as when its node goes): the cell is recorded failed with
+    the cause and given back for one retry elsewhere, the node takes no more cells, and the run's own process
+    ends with its worker."""
+    model, mark = marking_model(tmp_path)
+    doomed = endless_job("doomed", tmp_path, model)
+    alpha = alive_nodes(ray)[cluster]
+    at = Placement(doomed.request, {SLOT: 0.5})
+    slots = slots_of({doomed: at}, alpha)
+    slots._start(doomed, alpha)
+    with killed_run(mark) as (worker, _):
+        os.kill(worker, signal.SIGKILL)
+        (event,) = collected(slots, 1)
+    cause = event.result["error"].removesuffix("; retrying on another node")
+    assert re.fullmatch(r"node alpha lost while running the cell \(\w+Error: [^\n]+\)", cause), cause
+    assert event == CellEvent(doomed, {"status": "failed", "run_id": None, "error": cause + "; retrying on another node",
+                                       "stderr": ""}, event.seconds, "", f"doomed: {cause}; retrying on another matching node")
+    assert event.seconds > 0
+    assert (at.attempt, at.first_cause, at.avoid, at.node, at.ref) == (1, cause, {cluster}, None, None)
+    assert slots.lost == {cluster} and slots.nodes == {} and slots.progress.nodes == {}
+
+
+def test_a_retried_cell_keeps_its_first_cause_in_its_error_whether_the_retry_ends_ok_or_failed(
+        cluster: str, tmp_path: Path) -> None:
+    cause = "node beta lost while running the cell (WorkerCrashedError: gone)"
+    ok = job("ok", results_dir=tmp_path / "results")
+    failing = job("failing", model=str(null_model_with(tmp_path / "models", postprocess=FAILING_POSTPROCESS)),
+                  results_dir=tmp_path / "results")
+    alpha = alive_nodes(ray)[cluster]
+    placements = {j: Placement(j.request, {SLOT: 0.5}, attempt=1, avoid={"b1" * 28}, first_cause=cause)
+                  for j in (ok, failing)}
+    slots = slots_of(placements, alpha)
+    slots._start(ok, alpha)
+    slots._start(failing, alpha)
+    by_job = {event.job: event for event in collected(slots, 2)}
+    assert (by_job[ok].result["status"], by_job[ok].result["error"]) == ("ok", f"{cause}; retried on node alpha")
+    failed = by_job[failing].result
+    assert failed["status"] == "failed" and failed["error"].startswith(
+        f"{cause}; retried on node alpha: run failed: sample 0: postprocess raised RuntimeError: postprocess blew up")
+    assert "e" * 100 in failed["stderr"]  # the run's output, as a local failed cell keeps it
+    assert by_job[ok].seconds > 0 and by_job[failing].seconds > 0 and alpha.load == 0.0
