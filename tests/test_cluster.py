@@ -368,6 +368,24 @@ def test_without_ray_cluster_is_a_one_line_error_naming_the_extra(tmp_path: Path
     assert not (tmp_path / "results").exists()
 
 
+def test_a_cluster_none_of_whose_nodes_mlharness_started_is_a_one_line_error(tmp_path: Path) -> None:
+    """A Ray cluster of plain Ray nodes (here one that the driver's own process starts, on loopback, as a
+    notebook's `ray.init()` would): no node advertises mlharness resources, so the sweep is refused before
+    any cell runs, naming what to start."""
+    grid = write_grid(tmp_path / "grid.yaml", "plainray", ["cpu"], scenarios="[Offline]", batch_sizes="[4]")
+    code = ("import sys, ray\n"
+            "ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR', log_to_driver=False, "
+            "_node_ip_address='127.0.0.1')\n"
+            "from mlharness.cli import main\n"
+            f"sys.exit(main(['sweep', {str(grid)!r}, '--cluster', 'ray']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == ("mlharness: error: no node of the Ray cluster advertises mlharness "
+                                            "resources; start each node with `mlharness node` (docs/cluster.md)")
+    assert not list((tmp_path / "results").rglob("run.json"))
+
+
 def test_a_cancel_during_the_scratch_removal_still_removes_it_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray raises a cell's cancel (the sweep's Ctrl-C) as a KeyboardInterrupt in the task's thread. One
     that lands while the task removes its scratch folder must not leave the rest of the folder on the
