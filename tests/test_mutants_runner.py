@@ -3,8 +3,11 @@ run in this process: the null model's runs take well under a second, so every te
 Written for the mutants of runner.py that the CLI's whole runs left alive (issue 38, step 6)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,15 +56,18 @@ def _run_and_send(request: RunRequest, environment: dict[str, str], cwd: str, pi
     os.environ.update(environment)
     os.chdir(cwd)
     guard = RecordingGuard()
+    said = io.StringIO()  # what the run says on stderr (its notes), sent back and still shown
     try:
-        outcome: dict[str, Any] = {"record": runner.run_here(request, guard).to_dict()}
+        with contextlib.redirect_stderr(said):
+            outcome: dict[str, Any] = {"record": runner.run_here(request, guard).to_dict()}
     except RunFailed as exc:
         outcome = {"failed": str(exc), "failed_record": exc.record.to_dict()}
     except UserError as exc:  # refused before anything was staged
         outcome = {"refused": str(exc)}
     except BaseException as exc:  # a bug: said in the test's failure, not left for the bound
         outcome = {"raised": f"{type(exc).__name__}: {exc}"}
-    pipe.send(outcome | {"watched": guard.watched, "given_sut": guard.given_sut})
+    sys.stderr.write(said.getvalue())
+    pipe.send(outcome | {"watched": guard.watched, "given_sut": guard.given_sut, "stderr": said.getvalue()})
 
 
 def run(tmp_path: Path, model: str = "null", *, seen: dict[str, Any] | None = None, **fields: Any) -> RunRecord:
@@ -70,13 +76,14 @@ def run(tmp_path: Path, model: str = "null", *, seen: dict[str, Any] | None = No
     would be missing in the fork, and llama.cpp's first parallel region would wait for it for ever). The
     child imports the harness itself, from this process's sys.path (a module the server preloaded would
     come from the server's own path: the installed harness, not a mutation run's copy). Its published record. RunFailed when it failed,
-    UserError when it was refused; `seen` receives what the guard was asked."""
+    UserError when it was refused; `seen` receives what the guard was asked and what
+    the run said on stderr."""
     request = RunRequest(model=model, scenario=fields.pop("scenario", "Offline"), quick=True,
                          results_dir=fields.pop("results_dir", tmp_path / "results"), **fields)
     outcome = answer_of_child("forkserver", _run_and_send, request, dict(os.environ), os.getcwd(),
                               seconds=CHILD_SECONDS)
     if seen is not None:
-        seen.update(watched=outcome["watched"], given_sut=outcome["given_sut"])
+        seen.update(watched=outcome["watched"], given_sut=outcome["given_sut"], stderr=outcome["stderr"])
     assert "raised" not in outcome, outcome.get("raised")
     if "refused" in outcome:
         raise UserError(outcome["refused"])
@@ -285,7 +292,8 @@ def test_a_profiled_submission_run_profiles_the_performance_test(tmp_path: Path)
     accuracy test's 1024), and the profile is in the record and the run's folder."""
     record = run(tmp_path, mode="submission", profile=("harness",))
     assert record.profile["dir"] == "profile" and record.profile["stages"]["query"]["count"] != 1024
-    assert (Path(record.results_path) / "profile" / "summary.json").is_file()
+    summary = json.loads((Path(record.results_path) / "profile" / "summary.json").read_text())
+    assert summary["scenario"] == "Offline"
 
 
 def test_a_profiled_accuracy_run_profiles_its_accuracy_test(tmp_path: Path) -> None:
@@ -318,10 +326,13 @@ def test_an_error_loadgen_logs_fails_the_run_naming_the_test_and_the_error(tmp_p
     """LoadGen's own error (a second query issued while max_async_queries=1 is outstanding) fails the run in
     one line that names the test and quotes the error; the test's logs are in the failed record."""
     manifest = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.2), name="held")
+    seen: dict[str, Any] = {}
     with pytest.raises(RunFailed):
-        run(tmp_path, str(manifest), scenario="Server", overrides=("target_qps=1000", "max_async_queries=1"))
+        run(tmp_path, str(manifest), seen=seen, scenario="Server",
+            overrides=("target_qps=1000", "max_async_queries=1"))
     record = failed_record(tmp_path / "results", "held", "Server")
     assert record["error"].startswith("LoadGen logged 1 error(s) in the performance test, the first: ")
+    assert "clock check" not in seen["stderr"]  # the note is for a clock check's error set aside, not this one
     assert "Too many outstanding queries" in record["error"] and record["error_traceback"] is None
     assert record["loadgen"]["performance"]["errors"]
 
