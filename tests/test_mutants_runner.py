@@ -205,6 +205,20 @@ def test_a_tuned_configuration_stored_for_this_system_is_run_with(tmp_path: Path
     assert "tuned" in record.settings["layers"] and record.settings["harness"]["workers"] == 3
 
 
+def test_an_untuned_run_says_so_once_for_its_results_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tunable model (a null model with a postprocess: its speed is the user's code's) run untuned on
+    Offline: a note naming `mlharness tune`, once: the results folder keeps that it was said."""
+    monkeypatch.setenv("MLHARNESS_PROGRESS", "on")  # the note is quiet where the progress display is
+    model = null_model_with(tmp_path / "models", postprocess=sleeping_postprocess(0.0), name="slow")
+    first: dict[str, Any] = {}
+    run(tmp_path, str(model), seen=first)
+    assert first["stderr"].count("note: slow is untuned for Offline on this system (") == 1, first["stderr"]
+    assert (tmp_path / "results" / "untuned-notes.txt").read_text().startswith("slow\tOffline\t")
+    again: dict[str, Any] = {}
+    run(tmp_path, str(model), seen=again)
+    assert "untuned" not in again["stderr"]
+
+
 def test_a_fast_warm_up_sets_the_single_stream_expectation_it_measured(tmp_path: Path) -> None:
     """A model that expects a second a query, whose warm-up answers in microseconds: the run's SingleStream
     expectation is what the warm-up measured (layer `measured`), not the manifest's."""
