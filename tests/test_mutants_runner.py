@@ -213,7 +213,8 @@ def test_an_untuned_run_says_so_once_for_its_results_folder(tmp_path: Path, monk
     first: dict[str, Any] = {}
     run(tmp_path, str(model), seen=first)
     assert first["stderr"].count("note: slow is untuned for Offline on this system (") == 1, first["stderr"]
-    assert (tmp_path / "results" / "untuned-notes.txt").read_text().startswith("slow\tOffline\t")
+    system = system_mod.system_name(system_mod.detect_system(), "cpu")
+    assert (tmp_path / "results" / "untuned-notes.txt").read_text() == f"slow\tOffline\t{system}\n"
     again: dict[str, Any] = {}
     run(tmp_path, str(model), seen=again)
     assert "untuned" not in again["stderr"]
@@ -470,6 +471,11 @@ def test_a_run_against_an_openai_server_warms_it_up_and_records_both_token_count
                      overrides=("dataset_limit=8", "warmup_queries=0"))
     assert record.cold_start["warmup"]["queries"] == 0 and record.software["checked"] == {}
     assert record.performance["output_tokens_server"] >= record.performance["output_tokens_client"] > 0
+    # Token mode against a server: every request's clock and counts, in the test's logs, named in its facts.
+    assert record.loadgen["performance"]["sut"]["requests_log"] == "requests.jsonl"
+    (log,) = Path(record.results_path).rglob("requests.jsonl")
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    assert requests and all(request["status"] == "ok" and request["server_tokens"] > 0 for request in requests)
 
 
 def test_a_server_runs_batch_wait_is_bounded_by_the_warm_ups_full_batch_time(tmp_path: Path) -> None:
