@@ -468,12 +468,17 @@ def _run_in_child(tmp_path: Path, request: RunRequest, manifest: Path | None, ba
         sut = guard.sut
         if endpoint:  # the failed request's abort, on a thread of its own
             guard.told.wait(RUN_HANG_SECONDS)
+        # Whether another thread (an abort's) may still write the run's final state: not once LoadGen returned.
+        elsewhere: list[bool] = []
+        other = threading.Thread(target=lambda: elsewhere.append(guard.finalizing()))
+        other.start()
+        other.join()
         pipe.send({"failure": None if failure is None else f"{type(failure).__name__}: {failure}",
                    "failure_is_the_suts": failure is sut.failure, "elapsed": elapsed, "outer": outer, "facts": facts,
                    "watched": guard.watched, "ended": guard.ended, "scenario": getattr(sut, "scenario", None),
                    "serve_on_caller": getattr(sut, "serve_on_caller", None), "completed": sut.completed_samples,
                    "handoff": type(getattr(sut, "handoff", None)).__name__, "aborts": guard.aborts,
-                   "profile": profile.finish() if profile else None})
+                   "profile": profile.finish() if profile else None, "finalizing_elsewhere": elsewhere[0]})
     except BaseException as exc:  # noqa: BLE001 - sent to the test, which asserts on it
         pipe.send({"raised": f"{type(exc).__name__}: {exc}"})
 
@@ -516,6 +521,7 @@ def test_a_run_gives_loadgen_the_settings_samples_and_log_folder_and_returns_cle
     assert done["completed"] > 0 and done["scenario"] == "Offline"
     what = "LoadQuerySamples (load and preprocess of 8 samples)"
     assert done["watched"] == [(600.0, what)] and done["ended"] == [what]
+    assert done["finalizing_elsewhere"] is False  # this thread claimed the run's final writing when LoadGen returned
 
 
 def test_a_quiet_traced_audited_run_writes_the_trace_reads_the_audit_config_and_prints_no_plan(
