@@ -11,7 +11,9 @@ task (an unplaceable cell, a lost node's cell given back, a released slot, a for
 
 With a cluster (the last section): one Ray started in this process by `ray.init` for the module, a node
 advertising mlharness resources; cells run as real Ray tasks (a node's real `run_on_node`) through
-`RayLauncher` and `NodeSlots`, synchronised on `ray.wait`; the Ray is shut down at the module's end."""
+`RayLauncher` and `NodeSlots`, synchronised on `ray.wait`; the faults are real ones (a cell's Ray worker killed
+by the pid its model writes, a cell's start moved back past its timeout, nodes the cluster does not have); the
+Ray is shut down at the module's end."""
 from __future__ import annotations
 
 import contextlib
