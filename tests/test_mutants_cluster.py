@@ -603,6 +603,38 @@ def test_connect_to_a_connected_cluster_says_so_after_probing_the_address(cluste
     assert connect(gcs, timeout_s=5) == "the connected Ray cluster"
 
 
+CONNECT = ("import sys\nfrom mlharness.cluster.ray_launcher import connect\nfrom mlharness.errors import UserError\n"
+           "try:\n    print(connect(sys.argv[1], timeout_s=30))\nexcept UserError as exc:\n    print(f'error: {exc}')\n")
+
+
+def connected_from_a_driver(address: str, **environment: str) -> str:
+    """What `connect(address)` says in a fresh driver process (this one is connected already), with these
+    environment variables changed (an empty value removes one)."""
+    env = {k: v for k, v in (os.environ | environment).items() if v}
+    done = subprocess.run([sys.executable, "-c", CONNECT, address], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_driver_connects_to_a_cluster_by_its_address_or_as_the_local_one_its_environment_names(
+        cluster: str) -> None:
+    """This module's Ray, joined from fresh driver processes: by HOST:PORT, and as `ray` where RAY_ADDRESS names
+    it (probed, then Ray's own "auto" reads it)."""
+    gcs = ray.get_runtime_context().gcs_address
+    assert connected_from_a_driver(gcs, RAY_ADDRESS="") == f"the Ray cluster at {gcs}"
+    assert connected_from_a_driver("ray", RAY_ADDRESS=gcs) == "the local Ray cluster"
+
+
+def test_a_driver_the_cluster_refuses_gets_one_line_naming_the_address(cluster: str, tmp_path: Path) -> None:
+    """A port that answers as Ray's GCS but refuses this driver (here: a token of token authentication that is
+    not the cluster's) is one line naming the address and Ray's first line, not Ray's traceback."""
+    gcs = ray.get_runtime_context().gcs_address
+    said = connected_from_a_driver(gcs, RAY_ADDRESS="", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)
+    assert said.startswith(f"error: --cluster {gcs}: cannot connect to the Ray cluster: "), said
+    assert "Traceback" not in said
+
+
 def test_submit_runs_the_request_on_a_node_and_records_it_here(cluster: str, tmp_path: Path) -> None:
     results, db = tmp_path / "results", tmp_path / "db.sqlite"
     outcome = RayLauncher(db_path=db).submit(null_request(results_dir=results))
