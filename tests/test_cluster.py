@@ -378,8 +378,11 @@ def test_a_cluster_none_of_whose_nodes_mlharness_started_is_a_one_line_error(tmp
             "_node_ip_address='127.0.0.1')\n"
             "from mlharness.cli import main\n"
             f"sys.exit(main(['sweep', {str(grid)!r}, '--cluster', 'ray']))")
+    # A token of its own: a local Ray started without one writes ~/.ray/auth_token, which test_mutants_cluster's
+    # drivers read for its own local Ray.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+                          env=dict(os.environ, PYTHONPATH=str(REPO), **auth))
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == ("mlharness: error: no node of the Ray cluster advertises mlharness "
                                             "resources; start each node with `mlharness node` (docs/cluster.md)")

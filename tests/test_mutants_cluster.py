@@ -609,7 +609,8 @@ CONNECT = ("import sys\nfrom mlharness.cluster.ray_launcher import connect\nfrom
 
 def connected_from_a_driver(address: str, **environment: str) -> str:
     """What `connect(address)` says in a fresh driver process (this one is connected already), with these
-    environment variables changed (an empty value removes one)."""
+    environment variables changed (an empty value removes one). The driver takes ~/.ray/auth_token as this
+    module's Ray did (no other test starts a local Ray without a token of its own)."""
     env = {k: v for k, v in (os.environ | environment).items() if v}
     done = subprocess.run([sys.executable, "-c", CONNECT, address], capture_output=True, text=True, timeout=300,
                           env=env)
