@@ -824,12 +824,15 @@ def marking_model(folder: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def killed_run(mark: Path) -> Iterator[tuple[int, int]]:
+def killed_run(mark: Path, ref: Any) -> Iterator[tuple[int, int]]:
     """Once the cell's run is under way (its mark written): the worker's and the run's pids. After, the run must
-    end with its worker, and the scratch folder that a worker killed on the node leaves is removed."""
+    end with its worker, and the scratch folder that a worker killed on the node leaves is removed. A cell
+    whose task (`ref`) ended before its run began fails the test at once."""
     import psutil
 
-    wait_for(mark.exists, "the cell's run under way on the node", timeout=300)
+    wait_for(lambda: mark.exists() or bool(ray.wait([ref], timeout=0)[0]), "the cell's run under way on the node",
+             timeout=300)
+    assert mark.exists(), f"the cell ended before its run began: {ray.get(ref)!r:.2000}"
     worker, run = map(int, mark.read_text().split())
     scratch = Path(os.readlink(f"/proc/{run}/fd/1")).parent  # the run's output file, in the task's scratch folder
     assert scratch.name.startswith("mlharness-node-cell-"), scratch
@@ -854,7 +857,7 @@ def test_a_cell_its_node_does_not_stop_is_cancelled_past_its_timeout_and_recorde
     slots = slots_of(placements, alpha)
     slots._start(overdue, alpha)
     slots._start(within, alpha)
-    with killed_run(mark):
+    with killed_run(mark, placements[overdue].ref):
         placements[overdue].start -= 3600 + 3600 + 1
         placements[within].start -= 3600
         (event,) = collected(slots, 1)
@@ -877,7 +880,7 @@ def test_a_cell_whose_worker_dies_is_lost_with_its_node_failed_for_now_and_given
     at = Placement(doomed.request, {SLOT: 0.5})
     slots = slots_of({doomed: at}, alpha)
     slots._start(doomed, alpha)
-    with killed_run(mark) as (worker, _):
+    with killed_run(mark, at.ref) as (worker, _):
         os.kill(worker, signal.SIGKILL)
         (event,) = collected(slots, 1)
     cause = event.result["error"].removesuffix("; retrying on another node")

@@ -840,9 +840,13 @@ def test_a_signal_while_a_cell_runs_stops_it_records_it_and_stops_the_sweep(tmp_
             """)
         results = tmp_path / "results"
 
+        returned = threading.Event()  # a sweep that ended before its first cell ran fails the test at once
+
         def stop_once_it_runs() -> None:
-            wait_for(lambda: bool(list(results.rglob("SingleStream/.staging-*"))), "the first cell's run")
-            os.kill(os.getpid(), signal.SIGTERM)
+            wait_for(lambda: returned.is_set() or bool(list(results.rglob("SingleStream/.staging-*"))),
+                     "the first cell's run")
+            if not returned.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)
 
         sender = threading.Thread(target=stop_once_it_runs)
         sender.start()
@@ -850,6 +854,7 @@ def test_a_signal_while_a_cell_runs_stops_it_records_it_and_stops_the_sweep(tmp_
             with pytest.raises(RunInterrupted) as stopped:
                 run_sweep(grid, SweepOptions(results, tmp_path / "db.sqlite"), io.StringIO())
         finally:
+            returned.set()
             sender.join()
         assert (str(stopped.value), stopped.value.exit_status) == (
             "sweep hour interrupted; 1 cell run(s) recorded, resume with the same command", 143)
