@@ -426,6 +426,7 @@ def test_first_line_is_the_first_sentence_of_the_first_line() -> None:
     assert _first_line(ValueError("  The task failed. More here.\nsecond line")) == "The task failed"
     assert _first_line(ValueError("Ends here...")) == "Ends here"
     assert _first_line(ValueError("a.b. c")) == "a.b"
+    assert _first_line(ValueError("Worker died of signal X.")) == "Worker died of signal X"  # the dot alone
     assert _first_line(ValueError("x" * 300)) == "x" * 200
     assert _first_line(KeyError()) == "KeyError" and _first_line(ValueError(" \n ")) == "ValueError"
 
@@ -469,6 +470,8 @@ def test_cluster_steps_count_the_failed_and_share_the_eta_between_the_cells_runn
     steps.node_seen("n1")  # seen again: its cells stay
     assert steps.nodes == {"n1": [("d", steps.nodes["n1"][0][1])], "n2": []}
     assert steps.eta() == 2.0 * 2 / 1
+    steps.nodes["n1"] = [("d", time.monotonic() - 125.2), ("f", time.monotonic() - 65.2)]
+    assert steps._read().extra.splitlines()[1] == "  node n1: d for 2:05; f for 1:05"  # a node's cells on its line
 
 
 # ---- NodeSlots' bookkeeping: no task started --------------------------------------------------------------------
