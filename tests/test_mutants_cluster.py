@@ -50,7 +50,7 @@ from mlharness.running.request import RunRequest
 from mlharness.store.result_store import ResultStore
 from mlharness.sweeps.cell_loop import CellEvent, CellJob
 from mlharness.sweeps.sweep_grid import Cell, load_grid
-from tests.support import HOUR_LONG_SETTINGS, ended, hour_long_null, null_model_with, wait_for
+from tests.support import HOUR_LONG_SETTINGS, REPO, ended, hour_long_null, null_model_with, wait_for
 
 ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'mlharness[cluster]') is not installed")
 
@@ -614,7 +614,9 @@ def connected_from_a_driver(address: str, **environment: str) -> str:
     """What `connect(address)` says in a fresh driver process (this one is connected already), with these
     environment variables changed (an empty value removes one). The driver takes ~/.ray/auth_token as this
     module's Ray did (no other test starts a local Ray without a token of its own)."""
-    env = {k: v for k, v in (os.environ | environment).items() if v}
+    # This checkout's mlharness first, whatever the working folder (a mutation run's copy is its mutated one).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {k: v for k, v in (os.environ | {"PYTHONPATH": path} | environment).items() if v}
     done = subprocess.run([sys.executable, "-c", CONNECT, address], capture_output=True, text=True, timeout=300,
                           env=env)
     assert done.returncode == 0, done.stderr[-2000:]
