@@ -16,6 +16,7 @@ by the pid its model writes, a cell's start moved back past its timeout, nodes t
 Ray is shut down at the module's end."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -654,6 +655,34 @@ def test_submit_runs_the_request_on_a_node_and_records_it_here(cluster: str, tmp
         assert store.get_record(record.run_id).to_dict() == record.to_dict()
 
 
+def test_submit_holds_the_nodes_slot_from_ray_while_its_run_is_under_way(cluster: str, tmp_path: Path) -> None:
+    """A single run sent to the cluster asks Ray for what its hardware needs (the whole mlharness slot of a
+    node, no CPU): held while the run is under way (its first query waits for the test), free once it ends."""
+    mark, release = tmp_path / "under-way", tmp_path / "release"
+    gate = ("import os, time\n\ndef postprocess(outputs, ctx):\n"
+            f"    mark, release = {str(mark)!r}, {str(release)!r}\n"
+            "    if not os.path.exists(mark):\n"
+            "        open(mark, 'w').close()\n"
+            "        deadline = time.monotonic() + 600\n"
+            "        while not os.path.exists(release) and time.monotonic() < deadline:\n"
+            "            time.sleep(0.01)\n"
+            "    return outputs['scores']\n")
+    model = null_model_with(tmp_path / "models", postprocess=gate)
+    request = null_request(model=str(model), results_dir=tmp_path / "results")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(RayLauncher(store=False).submit, request)
+        try:
+            wait_for(lambda: mark.exists() or future.done(), "the run under way on the node", timeout=300)
+            assert mark.exists(), f"the run ended before its first query: {future.result()!r:.2000}"
+            wait_for(lambda: (ray.available_resources().get(SLOT, 0.0), ray.available_resources().get("CPU")) ==
+                     (0.0, 1.0), "the run holding the node's whole slot and no CPU")
+        finally:
+            release.touch()
+        outcome = future.result(timeout=300)
+    assert outcome.record.status == "ok"
+    wait_for(lambda: ray.available_resources().get(SLOT) == 1.0, "the slot free again")
+
+
 def test_node_slots_place_each_cell_on_a_free_slot_and_collect_it(cluster: str, tmp_path: Path) -> None:
     (tmp_path / "grid.yaml").write_text('models: ["null"]\nscenarios: [Offline]\ncluster: {cells_per_node: 1}\n')
     grid = load_grid(tmp_path / "grid.yaml")
@@ -718,9 +747,9 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     other cancelled: its run on the node interrupted as Ctrl-C interrupts a local one, its task ended within the
     wait, so nothing is said of cells left running."""
     results = tmp_path / "results"
+    model, mark = marking_model(tmp_path)
     ended = job("ended", results_dir=results)
-    endless = job("endless", model=str(hour_long_null(tmp_path)), scenario="SingleStream",
-                  overrides=HOUR_LONG_SETTINGS, timeout=3600.0, results_dir=results)
+    endless = endless_job("endless", tmp_path, model)
     alpha = alive_nodes(ray)[cluster]
     placements = {ended: Placement(ended.request, {SLOT: 0.5}), endless: Placement(endless.request, {SLOT: 0.5})}
     stream = io.StringIO()
@@ -737,18 +766,18 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     # is the node's to schedule): what keeps two cells off one slot, beside another sweep too.
     wait_for(lambda: (ray.available_resources().get(SLOT), ray.available_resources().get("CPU")) == (0.5, 1.0),
              "the endless cell holding half the slot and no CPU")
+    # Its run under way on the node (its first query marked), so the cancel must interrupt the run itself.
+    wait_for(lambda: mark.exists() or bool(ray.wait([endless_ref], timeout=0)[0]), "the endless run under way",
+             timeout=300)
+    assert mark.exists(), f"the endless cell ended before its run began: {ray.get(endless_ref)!r:.2000}"
     events, cancelled = slots.stop()
     assert cancelled == 1 and [event.job for event in events] == [ended]
     assert (events[0].result["status"], events[0].where) == ("ok", " on alpha")
     assert list(slots.running.values()) == [endless]  # cancelled, left for the loop to record as stopped
     assert ray.wait([endless_ref], timeout=0)[0] == [endless_ref]  # ended on its node within the wait
-    try:
-        outcome = ray.get(endless_ref)["outcome"]
-    except ray.exceptions.TaskCancelledError:  # cancelled before its task began on the busy node: nothing ran
-        outcome = None
-    if outcome is not None:  # under way: its run interrupted as Ctrl-C interrupts a local one
-        assert (outcome["exit_status"], outcome["record"]["status"], outcome["record"]["error"]) == (
-            130, "failed", "interrupted by SIGINT"), outcome
+    outcome = ray.get(endless_ref)["outcome"]  # its run interrupted as Ctrl-C interrupts a local one
+    assert (outcome["exit_status"], outcome["record"]["status"], outcome["record"]["error"]) == (
+        130, "failed", "interrupted by SIGINT"), outcome
     assert "still running" not in stream.getvalue()
 
 
