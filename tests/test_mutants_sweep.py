@@ -640,6 +640,12 @@ def test_set_adds_to_or_replaces_each_cells_settings_and_quick_is_the_grids_unle
                                              quick=False))
     assert changed == Cell(replace(cell.request, quick=False,
                                    overrides=("max_batch_size=4", "min_query_count=a=b", "target_qps=30")))
+    # A grid's own value may hold "=" too: still its key's, so a --set of that key replaces it.
+    held = load_grid(write_manifest(tmp_path, "held.yaml", SMALL.replace("{target_qps: 20000}",
+                                                                         '{endpoint_model: "org=a"}') % "true"))
+    assert held.cells[0].overrides == ("endpoint_model=org=a", "max_batch_size=4")
+    (replaced,) = _with_options(held, options("endpoint_model=b"))
+    assert replaced.overrides == ("endpoint_model=b", "max_batch_size=4")
     slow = load_grid(write_manifest(tmp_path, "slow.yaml", SMALL % "false"))
     assert [c.quick for c in _with_options(slow, options())] == [False]
     assert [c.quick for c in _with_options(slow, options(quick=True))] == [True]
