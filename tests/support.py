@@ -6,6 +6,7 @@ import hashlib
 import json
 import multiprocessing
 import shutil
+import socket
 import textwrap
 import time
 from contextlib import contextmanager
@@ -350,3 +351,32 @@ def answer_of_child(method: str, target: Callable[..., None], *args: Any, second
     assert answered or ended, f"the child process answered nothing in {seconds} s (killed)"
     assert answered, f"the child process ended without answering (exit code {child.exitcode})"
     return answer
+
+
+@contextmanager
+def unanswered_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that never answers a connection (as behind a firewall that drops): Linux drops the
+    connection request to a listening socket whose queue is full, so the queue is filled first, until a
+    connection is no longer taken. A connection attempt there waits for its own timeout or TCP's retries."""
+    import pytest
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued: list[socket.socket] = []
+        try:
+            for _ in range(16):
+                client = socket.socket()
+                queued.append(client)
+                client.settimeout(0.5)
+                try:
+                    client.connect(("127.0.0.1", port))
+                except socket.timeout:
+                    break
+            else:
+                pytest.fail("the listening socket's queue never filled")
+            yield port
+        finally:
+            for client in queued:
+                client.close()

@@ -30,7 +30,7 @@ from mlharness.specs.index import shipped_specs
 from mlharness.sweeps import sweep_grid
 from mlharness.sweeps.grid_schema import GridDoc, one_or_many
 from mlharness.sweeps.sweep_grid import Cell, Grid, load_grid
-from tests.support import write_manifest
+from tests.support import unanswered_port, write_manifest
 
 NULL_HINT = " (quote \"null\": YAML reads a bare null as nothing)"
 FORMS = "--cluster: expected ray, ray://HOST:PORT or HOST:PORT; "
@@ -658,30 +658,10 @@ def test_probing_the_local_cluster_connects_nowhere_and_a_closed_port_is_one_lin
 
 
 def test_probing_a_port_that_takes_no_connection_waits_the_timeout_and_says_no_answer() -> None:
-    """A port that never answers the connection (a firewall that drops): Linux drops the connection request
-    to a listening socket whose queue is full, so the queue is filled first, until a connection is no
-    longer taken. The probe ends at its own timeout, not after TCP's retries (about two minutes)."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(0)
-        port = listener.getsockname()[1]
-        queued: list[socket.socket] = []
-        try:
-            for _ in range(16):
-                client = socket.socket()
-                queued.append(client)
-                client.settimeout(0.5)
-                try:
-                    client.connect(("127.0.0.1", port))
-                except socket.timeout:
-                    break
-            else:
-                pytest.fail("the listening socket's queue never filled")
-            with pytest.raises(UserError) as caught:
-                probe(parse_cluster_address(f"127.0.0.1:{port}"), 0.5)
-        finally:
-            for client in queued:
-                client.close()
+    """A port that never answers the connection (a firewall that drops): the probe ends at its own timeout, not
+    after TCP's retries (about two minutes)."""
+    with unanswered_port() as port, pytest.raises(UserError) as caught:
+        probe(parse_cluster_address(f"127.0.0.1:{port}"), 0.5)
     assert str(caught.value) == (f"--cluster 127.0.0.1:{port}: no answer from 127.0.0.1 port {port} within 0.5 s "
                                  f"(--connect-timeout); is the Ray head started there (mlharness node --head) and "
                                  f"the port open?")
