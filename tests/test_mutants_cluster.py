@@ -135,8 +135,16 @@ def test_run_on_node_called_outside_ray_names_no_node_and_starts_no_ray() -> Non
     would start a local Ray instance just to name its node."""
     probe = ("import ray; from mlharness.cluster.ray_launcher import _node_id; "
              "print(_node_id(), ray.is_initialized())")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env=checkout_first())
     assert (done.returncode, done.stdout) == (0, "None False\n"), done.stderr[-2000:]
+
+
+def checkout_first(**environment: str) -> dict[str, str]:
+    """This environment with this checkout's mlharness first on PYTHONPATH, whatever the working folder (in a
+    mutation run's copy, the mutated one), and these variables changed (an empty value removes one)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {k: v for k, v in (os.environ | {"PYTHONPATH": path} | environment).items() if v}
 
 
 # ---- _run_files, _moved, node_info, remove_scratch, require_ray ------------------------------------------
@@ -633,11 +641,8 @@ def connected_from_a_driver(address: str, **environment: str) -> str:
     """What `connect(address)` says in a fresh driver process (this one is connected already), with these
     environment variables changed (an empty value removes one). The driver takes ~/.ray/auth_token as this
     module's Ray did (no other test starts a local Ray without a token of its own)."""
-    # This checkout's mlharness first, whatever the working folder (a mutation run's copy is its mutated one).
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env = {k: v for k, v in (os.environ | {"PYTHONPATH": path} | environment).items() if v}
     done = subprocess.run([sys.executable, "-c", CONNECT, address], capture_output=True, text=True, timeout=300,
-                          env=env)
+                          env=checkout_first(**environment))
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
