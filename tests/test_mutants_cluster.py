@@ -721,10 +721,8 @@ def test_node_slots_place_each_cell_on_a_free_slot_and_collect_it(cluster: str, 
     assert slots.place(waiting) == [] and list(waiting) == [jobs[1]]  # one slot: the second waits
     assert slots.busy() and slots.nodes[cluster].load == 1.0 and jobs[0].started_at
     assert [label for label, _ in slots.progress.nodes["alpha"]] == ["first"]
-    events: list[CellEvent] = []
-    while slots.busy():
-        events += slots.next_done()
-    (event,) = events
+    (event,) = collected(slots, 1)
+    assert not slots.busy()
     assert (event.job, event.where, event.result["status"], event.result["error"]) == (jobs[0], " on alpha", "ok", None)
     assert slots.nodes[cluster].load == 0.0 and slots.progress.nodes == {"alpha": []}
     with ResultStore(tmp_path / "db.sqlite") as store:
@@ -747,9 +745,8 @@ def test_a_task_that_raises_on_the_node_is_a_failed_cell_and_a_vanished_node_put
     slots = slots_of(placements, alpha)
     slots._start(raising, alpha)
     slots._start(vanished, ghost)
-    events: list[CellEvent] = []
-    while slots.busy():
-        events += slots.next_done()
+    events = collected(slots, 2)
+    assert not slots.busy()
     by_job = {event.job: event for event in events}
     failed = by_job[raising]
     assert (failed.seconds, failed.where, failed.result["status"], failed.result["run_id"]) == (0.0, " on alpha",
