@@ -84,6 +84,38 @@ def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, 
     assert capsys.readouterr().out.count("skipped") == 2 and state(results)["steps"] == second
 
 
+def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
+        session: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A step whose run fails (here the model's postprocess, while a file says so): said failed on the progress
+    line, kept in the state file with its error, the session stopped in one line saying how to resume; the same
+    command again runs that step (and the rest), not a new session."""
+    specs, flag, results = tmp_path / "specs", tmp_path / "fail", tmp_path / "results"
+    shutil.copytree(session["specs"], specs)
+    model = specs / "models" / f"{MODEL}.yaml"
+    postprocess = (f"postprocess: |\n  import os\n  def postprocess(outputs, ctx):\n"
+                   f"      if os.path.exists({str(flag)!r}):\n          raise RuntimeError('asked to fail')\n"
+                   "      return outputs['scores']\n")
+    model.write_text(model.read_text().replace("attributes:", postprocess + "attributes:", 1))
+    monkeypatch.setenv("MLHARNESS_SPECS", str(specs))
+    flag.touch()
+    assert run_cli(*SESSION, "--results-dir", results) == 1
+    out, err = capsys.readouterr()
+    assert re.search(rf"^\[1/2\] {MODEL} Offline performance: failed \(\d+\.\d s\)", out, re.MULTILINE), out
+    kept = state(results)["steps"]
+    assert list(kept) == ["Offline/performance"] and kept["Offline/performance"]["status"] == "failed"
+    error = kept["Offline/performance"]["error"]
+    assert error.startswith("run failed") and "asked to fail" in error, error
+    assert err.splitlines()[-1] == (f"mlharness: error: [1/2] {MODEL} Offline performance failed: {error} "
+                                    "(run the same command again to resume)")
+    flag.unlink()
+    assert run_cli(*SESSION, "--results-dir", results) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): started$", out, re.MULTILINE) == [
+        ("1", "performance"), ("2", "accuracy")]
+    assert {k: v["status"] for k, v in state(results)["steps"].items()} == {"Offline/performance": "done",
+                                                                          "Offline/accuracy": "done"}
+
+
 def package(session: dict, out: Path, *extra: str) -> int:
     return run_cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", out,
                    "--results-dir", session["results"], "--allow-invalid", "--skip-dataset-size-check", *extra)
