@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -108,12 +109,19 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     assert err.splitlines()[-1] == (f"mlharness: error: [1/2] {MODEL} Offline performance failed: {error} "
                                     "(run the same command again to resume)")
     flag.unlink()
+    began = time.monotonic()
     assert run_cli(*SESSION, "--results-dir", results) == 0
+    took = time.monotonic() - began
     out = capsys.readouterr().out
     assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): started$", out, re.MULTILINE) == [
         ("1", "performance"), ("2", "accuracy")]
-    assert {k: v["status"] for k, v in state(results)["steps"].items()} == {"Offline/performance": "done",
-                                                                          "Offline/accuracy": "done"}
+    assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): done \(\d+\.\d s\)", out, re.MULTILINE) == [
+        ("1", "performance"), ("2", "accuracy")]
+    steps = state(results)["steps"]
+    assert {k: v["status"] for k, v in steps.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
+    for step in steps.values():  # how long it took, to a tenth of a second (within the command's time), beside its run
+        assert step["seconds"] == round(step["seconds"], 1) and 0 <= step["seconds"] <= round(took, 1) + 0.1, step
+        assert set(step) >= {"run_id", "summary"}
 
 
 def package(session: dict, out: Path, *extra: str) -> int:
