@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
         session: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A step whose run fails (here the model's postprocess, while a file says so): said failed on the progress
     line, kept in the state file with its error, the session stopped in one line saying how to resume; the same
-    command again runs that step (and the rest), not a new session."""
+    command again runs that step (and the rest), not a new session, and keeps what each step did."""
     specs, flag, results = tmp_path / "specs", tmp_path / "fail", tmp_path / "results"
     shutil.copytree(session["specs"], specs)
     model = specs / "models" / f"{MODEL}.yaml"
@@ -122,6 +123,15 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     for step in steps.values():  # how long it took, to a tenth of a second (within the command's time), beside its run
         assert step["seconds"] == round(step["seconds"], 1) and 0 <= step["seconds"] <= round(took, 1) + 0.1, step
         assert set(step) >= {"run_id", "summary"}
+    # Each step's summary (printed under it, kept in the state) is the run's figures without its header or folder.
+    summary = steps["Offline/performance"]["summary"]
+    assert summary[0].startswith("LoadGen result : ") and not any("results :" in line for line in summary), summary
+    assert "\n".join(f"    {line}" for line in summary) in out
+    # The steps file is made at schema 1, and each step's record has the command that reproduces it whole.
+    (steps_file,) = results.glob(f"*/{MODEL}/Offline/submission_steps.json")
+    assert json.loads(steps_file.read_text())["schema_version"] == 1
+    command = shlex.split(steps_record(results)["performance"]["command"])
+    assert command[command.index("--results-dir") + 1] == str(results.resolve()), command
 
 
 def package(session: dict, out: Path, *extra: str) -> int:
