@@ -86,6 +86,35 @@ def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, 
     assert capsys.readouterr().out.count("skipped") == 2 and state(results)["steps"] == second
 
 
+def test_a_session_whose_settings_changed_starts_its_steps_over_and_says_so(
+        session: dict, specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the runs are made of (here a user.conf given, then its text changed) is the session's fingerprint:
+    another starts the steps over, said in one line naming the state file; the same again resumes. A state
+    file that does not read starts over too."""
+    results, conf = tmp_path / "results", tmp_path / "user.conf"
+    shutil.copytree(session["results"], results)
+    (state_file,) = results.glob(f"*/{MODEL}/submission_run.json")
+    changed = f"{state_file}: settings changed since the last session; starting the steps over"
+
+    def started() -> list[str]:
+        out = capsys.readouterr().out
+        steps = re.findall(r"^\[\d/2\] null-resnet Offline (\w+): started$", out, re.MULTILINE)
+        return steps + (["(said changed)"] if changed in out.splitlines() else [])
+
+    conf.write_text("*.Offline.min_query_count = 100\n")
+    assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
+    assert started() == ["performance", "accuracy", "(said changed)"]
+    assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
+    assert started() == []
+    conf.write_text("*.Offline.min_query_count = 200\n")  # the same file, other text
+    assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
+    assert started() == ["performance", "accuracy", "(said changed)"]
+    state_file.write_text("{not json")
+    assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
+    assert started() == ["performance", "accuracy"]
+    assert json.loads(state_file.read_text())["steps"].keys() == {"Offline/performance", "Offline/accuracy"}
+
+
 def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
         session: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A step whose run fails (here the model's postprocess, while a file says so): said failed on the progress
