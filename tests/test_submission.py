@@ -133,18 +133,25 @@ def test_session_resumes_without_rerunning(session: Path, capfd: pytest.CaptureF
 def test_redo_runs_the_chosen_step_again_and_only_it(session: Path, capfd: pytest.CaptureFixture[str]) -> None:
     args = _session_args(session)
     assert run_cli(*args, "--redo", "SingleStream/TEST05") == 1
-    assert "--redo SingleStream/TEST05: not a step of this run" in capfd.readouterr().err
-    before = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
-    assert run_cli(*args, "--redo", "SingleStream/TEST04") == 1  # it ran again, and fails again
+    refused = "mlharness: error: --redo SingleStream/TEST05: not a step of this run; expected a scenario or one of: "
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith(refused)]
+    assert set(line.removeprefix(refused).split(", ")) == {f"{scenario}/{step}" for scenario in ("Offline", "SingleStream")
+                                                          for step in ("performance", "accuracy", "TEST01", "TEST04")}
+    before = {scenario: json.loads((_scenario(session, scenario) / "submission_steps.json").read_text())
+              for scenario in ("Offline", "SingleStream")}
+    # Two steps named (repeatable): both run again, and fail again.
+    assert run_cli(*args, "--redo", "SingleStream/TEST04", "--redo", "Offline/TEST04") == 1
     out, err = capfd.readouterr()
-    # The step that ran again failed again; the three skipped ones failed earlier, and still count.
+    # The steps that ran again failed again; the skipped ones failed earlier, and still count.
     assert err.splitlines()[-1] == ("compliance failed: Offline/TEST01, Offline/TEST04, SingleStream/TEST01, "
                                     "SingleStream/TEST04")
-    assert out.count("skipped") == 7 and re.search(r"SingleStream TEST04: started", out)
-    after = json.loads((_scenario(session, "SingleStream") / "submission_steps.json").read_text())
-    ran = after["records"]["performance"]["compliance"]
-    assert ran["TEST04"]["run_id"] != before["records"]["performance"]["compliance"]["TEST04"]["run_id"]
-    assert ran["TEST01"]["run_id"] == before["records"]["performance"]["compliance"]["TEST01"]["run_id"]
+    assert out.count("skipped") == 6 and re.search(r"SingleStream TEST04: started", out)
+    assert re.search(r"Offline TEST04: started", out)
+    for scenario in ("Offline", "SingleStream"):
+        after = json.loads((_scenario(session, scenario) / "submission_steps.json").read_text())
+        ran, earlier = after["records"]["performance"]["compliance"], before[scenario]["records"]["performance"]["compliance"]
+        assert ran["TEST04"]["run_id"] != earlier["TEST04"]["run_id"]
+        assert ran["TEST01"]["run_id"] == earlier["TEST01"]["run_id"]
 
 
 def test_package_refuses_invalid_runs_without_allow_invalid(session: Path, tmp_path: Path,
