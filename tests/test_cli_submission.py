@@ -86,6 +86,20 @@ def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, 
     assert capsys.readouterr().out.count("skipped") == 2 and state(results)["steps"] == second
 
 
+def test_a_closed_division_session_plans_the_compliance_tests_of_the_models_benchmark(
+        specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan, as a --redo of no step names it before anything runs: the model's MLPerf benchmark (its
+    `mlperf_benchmark`, ResNet-50 here) decides the audits of a closed session; an open one has none."""
+    results = tmp_path / "results"
+    for division, audits in (("closed", ["TEST01", "TEST04"]), ("open", [])):
+        assert run_cli("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--quick", "--division",
+                       division, "--redo", "nothing", "--results-dir", results) == 1
+        steps = ", ".join(f"Offline/{step}" for step in ["performance", "accuracy", *audits])
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"mlharness: error: --redo nothing: not a step of this run; expected a scenario or one of: {steps}")
+    assert not results.exists()
+
+
 def test_a_session_whose_settings_changed_starts_its_steps_over_and_says_so(
         session: dict, specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """What the runs are made of (here a user.conf given, then its text changed) is the session's fingerprint:
