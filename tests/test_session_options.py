@@ -42,5 +42,9 @@ def test_every_session_flag_reaches_the_steps_requests(tmp_path: Path, monkeypat
 
 
 def test_a_wrong_scenario_is_named_as_scenarios(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(UserError, match=r"^--scenarios: expected names from .*, got 'Offlin'$"):
+    with pytest.raises(UserError) as caught:
         _options(monkeypatch, "--model", "null", "--scenarios", "Offlin")
+    assert str(caught.value) == "--scenarios: expected names from SingleStream, MultiStream, Server, Offline, got 'Offlin'"
+    with pytest.raises(UserError) as caught:
+        session.check_scenarios([])
+    assert str(caught.value) == "--scenarios: expected at least one scenario"
