@@ -190,7 +190,7 @@ def test_package_writes_every_required_file_and_field(session: Path, tmp_path: P
         assert all(str(measurements[k]).strip() for k in MEASUREMENTS_FIELDS)
         readme = (where / "README.md").read_text()
         assert f"mlharness run {MODEL} --scenario {scenario} --mode performance" in readme
-        assert f"--mode accuracy" in readme and "--compliance TEST01,TEST04" in readme
+        assert "--mode accuracy" in readme and "--compliance TEST01,TEST04" in readme
         min_duration = {"Offline": 250, "SingleStream": 0}[scenario]  # --quick, and USER_CONF
         assert f"resnet50.{scenario}.min_duration = {min_duration}" in (where / "user.conf").read_text()
         # accuracy.txt: the official headline, then our figures, then the hash of the full log
