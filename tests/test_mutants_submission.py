@@ -5,6 +5,7 @@ log formats written by hand (a few lines each)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -549,3 +550,27 @@ def test_a_model_mapping_must_be_an_object_and_only_in_the_open_division(tmp_pat
         folder.mkdir(parents=True)
     tree.model_mapping.write_text(mapping)
     assert _problems(checker.check_tree(tree)) == [(tree.model_mapping, message, "tree") for message in expected]
+
+
+def test_the_accuracy_check_reads_the_official_line_and_holds_a_closed_run_to_the_target(tmp_path: Path) -> None:
+    """accuracy.txt's official line is read past bytes that are not UTF-8; without one, one problem naming the
+    file and the format; a closed run exactly at its benchmark's target passes, one below it does not."""
+    resnet = benchmark_for("resnet50")
+    folder = tmp_path / "accuracy"
+    folder.mkdir()
+    log = folder / "mlperf_log_accuracy.json"
+    log.write_text("[]\n")
+    txt = folder / "accuracy.txt"
+    hash_line = f"hash={hashlib.sha256(log.read_bytes()).hexdigest()}\n".encode()
+    closed = SubmitterTree(tmp_path, "closed", "Acme")
+
+    def problems(value: str | None) -> list[tuple[Path, str]]:
+        line = f"accuracy={value}%, good=1, total=1\n".encode() if value is not None else b""
+        txt.write_bytes(b"\xff\xfe not UTF-8\n" + line + hash_line)
+        return [(p.path, p.message) for p in checker.check_accuracy(closed, folder, resnet) if p.path == txt]
+
+    assert problems(None) == [(txt, "no acc line in the official format (e.g. 'accuracy=76.500%, good=38250, "
+                                    "total=50000')")]
+    assert problems(repr(resnet.accuracy_target)) == []
+    below = problems("75.5")
+    assert below == [(txt, "closed division: accuracy 75.5 is below resnet's target 75.695 (99% of the reference)")]
