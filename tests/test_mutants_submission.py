@@ -17,7 +17,7 @@ import pytest
 from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
-from mlharness.submission import accuracy_txt, checker, compliance, runs, session
+from mlharness.submission import accuracy_txt, checker, compliance, packager, runs, session
 from mlharness.submission.layout import SubmitterTree
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
 from tests.support import detail_log, mllog_line, run_cli, scenario_root
@@ -574,3 +574,13 @@ def test_the_accuracy_check_reads_the_official_line_and_holds_a_closed_run_to_th
     assert problems(repr(resnet.accuracy_target)) == []
     below = problems("75.5")
     assert below == [(txt, "closed division: accuracy 75.5 is below resnet's target 75.695 (99% of the reference)")]
+
+
+@pytest.mark.parametrize("view, said", [
+    ({"note": "no accuracy/: the newest accuracy run r2 differs"}, "no accuracy/: the newest accuracy run r2 differs"),
+    ({"note": "another note"}, None), ({"note": 5}, None), ({}, None), (["not", "an", "object"], None), (None, None)])
+def test_a_missing_accuracy_run_is_explained_only_by_the_views_own_no_accuracy_note(tmp_path: Path, view: object,
+                                                                                   said: str | None) -> None:
+    if view is not None:  # None: no view file at all
+        (tmp_path / packager.VIEW_FILE).write_text(json.dumps(view))
+    assert packager._view_note(tmp_path) == said
