@@ -584,3 +584,52 @@ def test_a_missing_accuracy_run_is_explained_only_by_the_views_own_no_accuracy_n
     if view is not None:  # None: no view file at all
         (tmp_path / packager.VIEW_FILE).write_text(json.dumps(view))
     assert packager._view_note(tmp_path) == said
+
+
+def test_the_accuracy_logs_hash_is_checked_against_the_full_log_else_a_truncated_one(tmp_path: Path) -> None:
+    """accuracy.txt's hash line: missing, one problem; checked against the full accuracy log kept beside the
+    tree when there is one, else against the accuracy log itself while that is within the size the checker
+    allows (a larger one is a problem of its own, its hash not checked)."""
+    resnet = benchmark_for("resnet50")
+    tree = SubmitterTree(tmp_path / "tree", "closed", "Acme")
+    folder = tree.base / "results" / "sys1" / "resnet" / "Offline" / "accuracy"
+    folder.mkdir(parents=True)
+    txt, log = folder / "accuracy.txt", folder / "mlperf_log_accuracy.json"
+    full = tree.full_accuracy_log("sys1", "resnet", "Offline")
+
+    def problems(log_bytes: bytes, hashed: bytes | None) -> list[tuple[Path, str, str]]:
+        log.write_bytes(log_bytes)
+        hash_line = f"hash={hashlib.sha256(hashed).hexdigest()}\n" if hashed is not None else ""
+        txt.write_text(f"accuracy={resnet.accuracy_target!r}%, good=1, total=1\n{hash_line}")
+        return [(p.path, p.message, p.kind) for p in checker.check_accuracy(tree, folder, resnet)
+                if p.path in (txt, log)]
+
+    limit = checker.MAX_ACCURACY_LOG_SIZE
+    assert problems(b"[]\n", None) == [(txt, "no 'hash=<sha256 of the accuracy log>' line", "tree")]
+    assert problems(b"[]\n", b"[]\n") == []
+    assert problems(b"[]\n", b"[1]\n") == [(txt, "hash does not match the full accuracy log "
+                                                 "mlperf_log_accuracy.json", "tree")]
+    at_limit = b"x" * limit
+    assert problems(at_limit, at_limit) == [] and problems(at_limit, b"[]\n")[0][1].startswith("hash does not")
+    over = b"x" * (limit + 1)
+    assert problems(over, b"[]\n") == [(log, f"not truncated: {limit + 1} bytes, the checker allows {limit}", "tree")]
+    full.parent.mkdir(parents=True)
+    full.write_bytes(b"[the full log]\n")  # kept apart: the hash is the full log's, whatever the truncated one holds
+    assert problems(b"[]\n", b"[the full log]\n") == []
+    assert problems(b"[]\n", b"[]\n") == [(txt, f"hash does not match the full accuracy log {full.name}", "tree")]
+
+
+def test_a_closed_run_below_its_target_is_an_accuracy_problem_and_the_detail_logs_errors_are_the_runs() -> None:
+    """A closed run below its target is filed as an accuracy problem; a LoadGen error in the accuracy run's
+    detail log as a problem of the run."""
+    resnet = benchmark_for("resnet50")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        folder = root / "acc"
+        folder.mkdir()
+        (folder / "mlperf_log_accuracy.json").write_text("[]\n")
+        (folder / "accuracy.txt").write_text("accuracy=10%, good=1, total=10\n")
+        (folder / "mlperf_log_detail.txt").write_text(mllog_line("error_runtime", "a LoadGen error", is_error=True))
+        found = {(p.path.name, p.kind) for p in checker.check_accuracy(SubmitterTree(root, "closed", "A"), folder,
+                                                                        resnet)}
+    assert {("accuracy.txt", "accuracy"), ("mlperf_log_detail.txt", "run")} <= found
