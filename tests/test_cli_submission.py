@@ -164,6 +164,13 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
         ("1", "performance"), ("2", "accuracy")]
     steps = state(results)["steps"]
     assert {k: v["status"] for k, v in steps.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
+    # The session's last two lines: what it did (in the command's own time) and where its state is; what next.
+    (state_file,) = results.glob(f"*/{MODEL}/submission_run.json")
+    said, then = out.splitlines()[-2:]
+    seconds = re.fullmatch(rf"submission run: 2 step\(s\) for {MODEL} in (\d+) s; state in (.+)", said)
+    assert seconds and int(seconds[1]) <= round(took) and Path(seconds[2]) == state_file, said
+    assert then == (f"next: mlharness submission package --division open --submitter <NAME> --out <DIR> "
+                    f"--results-dir {results} --model {MODEL}")
     for step in steps.values():  # how long it took, to a tenth of a second (within the command's time), beside its run
         assert step["seconds"] == round(step["seconds"], 1) and 0 <= step["seconds"] <= round(took, 1) + 0.1, step
         assert set(step) >= {"run_id", "summary"}
