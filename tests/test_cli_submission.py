@@ -87,6 +87,18 @@ def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, 
     assert capsys.readouterr().out.count("skipped") == 2 and state(results)["steps"] == second
 
 
+def test_a_redone_step_runs_again_with_the_scenarios_later_steps_and_not_its_earlier_ones(
+        session: dict, specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A later step reads what the earlier ones made, so a step run again takes the scenario's later ones with it."""
+    results = tmp_path / "results"
+    shutil.copytree(session["results"], results)
+    for redo, again in (("Offline/performance", ["performance", "accuracy"]), ("Offline/accuracy", ["accuracy"])):
+        assert run_cli(*SESSION, "--results-dir", results, "--redo", redo) == 0
+        out = capsys.readouterr().out
+        assert re.findall(r"^\[\d/2\] null-resnet Offline (\w+): started$", out, re.MULTILINE) == again, redo
+        assert out.count("skipped") == 2 - len(again)
+
+
 def test_a_closed_division_session_plans_the_compliance_tests_of_the_models_benchmark(
         specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The plan, as a --redo of no step names it before anything runs: the model's MLPerf benchmark (its
