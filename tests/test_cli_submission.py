@@ -89,7 +89,7 @@ def test_restart_runs_every_finished_step_again(session: dict, specs_env: None, 
 
 def test_a_redone_step_runs_again_with_the_scenarios_later_steps_and_not_its_earlier_ones(
         session: dict, specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A later step reads what the earlier ones made, so a step run again takes the scenario's later ones with it."""
+    """A step run again takes its scenario's later steps with it (as --redo says), never its earlier ones."""
     results = tmp_path / "results"
     shutil.copytree(session["results"], results)
     for redo, again in (("Offline/performance", ["performance", "accuracy"]), ("Offline/accuracy", ["accuracy"])):
