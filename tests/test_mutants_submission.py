@@ -18,7 +18,7 @@ from mlharness.errors import UserError
 from mlharness.records.run_record import RunRecord
 from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, packager, runs, session
-from mlharness.submission.layout import SubmitterTree
+from mlharness.submission.layout import SubmitterTree, find_trees
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
 from tests.support import detail_log, mllog_line, run_cli, scenario_root
 
@@ -633,3 +633,21 @@ def test_a_closed_run_below_its_target_is_an_accuracy_problem_and_the_detail_log
         found = {(p.path.name, p.kind) for p in checker.check_accuracy(SubmitterTree(root, "closed", "A"), folder,
                                                                         resnet)}
     assert {("accuracy.txt", "accuracy"), ("mlperf_log_detail.txt", "run")} <= found
+
+
+def test_the_trees_to_check_are_found_from_the_root_a_division_or_a_submitter_folder(tmp_path: Path) -> None:
+    for folder in ("open/Acme", "open/Beta", "closed/Acme"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "open" / "notes.txt").write_text("a file, not a submitter\n")
+    everything = [SubmitterTree(tmp_path, "closed", "Acme"), SubmitterTree(tmp_path, "open", "Acme"),
+                  SubmitterTree(tmp_path, "open", "Beta")]
+    assert find_trees(tmp_path) == everything
+    assert find_trees(tmp_path / "open") == everything[1:]
+    assert find_trees(tmp_path / "open" / "Beta") == [SubmitterTree(tmp_path, "open", "Beta")]
+    with pytest.raises(UserError) as caught:
+        find_trees(tmp_path / "nowhere")
+    assert str(caught.value) == f"{tmp_path / 'nowhere'}: no such submission folder"
+    (tmp_path / "other").mkdir()
+    with pytest.raises(UserError) as caught:
+        find_trees(tmp_path / "other")
+    assert str(caught.value) == f"{tmp_path / 'other'}: expected open/<submitter>/ or closed/<submitter>/ folders"
