@@ -250,7 +250,6 @@ def test_connect_checks_ray_address_for_the_local_cluster_before_touching_ray(mo
                                  "Connection refused; is the Ray head started there (mlharness node --head)?")
 
 
-
 def test_connect_probes_the_address_and_ray_address_within_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cluster address, or for `ray` the RAY_ADDRESS, that never answers (dropped, not refused) ends at the
     timeout given, before Ray is touched, rather than after TCP's retries (about two minutes)."""
