@@ -681,16 +681,7 @@ def test_submit_runs_the_request_on_a_node_and_records_it_here(cluster: str, tmp
 def test_submit_holds_the_nodes_slot_from_ray_while_its_run_is_under_way(cluster: str, tmp_path: Path) -> None:
     """A single run sent to the cluster asks Ray for what its hardware needs (the whole mlharness slot of a
     node, no CPU): held while the run is under way (its first query waits for the test), free once it ends."""
-    mark, release = tmp_path / "under-way", tmp_path / "release"
-    gate = ("import os, time\n\ndef postprocess(outputs, ctx):\n"
-            f"    mark, release = {str(mark)!r}, {str(release)!r}\n"
-            "    if not os.path.exists(mark):\n"
-            "        open(mark, 'w').close()\n"
-            "        deadline = time.monotonic() + 600\n"
-            "        while not os.path.exists(release) and time.monotonic() < deadline:\n"
-            "            time.sleep(0.01)\n"
-            "    return outputs['scores']\n")
-    model = null_model_with(tmp_path / "models", postprocess=gate)
+    model, mark, release = held_model(tmp_path)
     request = null_request(model=str(model), results_dir=tmp_path / "results")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(RayLauncher(store=False).submit, request)
@@ -773,11 +764,7 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     alpha = alive_nodes(ray)[cluster]
     placements = {ended: Placement(ended.request, {SLOT: 0.25}), also: Placement(also.request, {SLOT: 0.25}),
                   endless: Placement(endless.request, {SLOT: 0.5})}
-    stream = io.StringIO()
-    progress = ClusterSteps(3, stream, quiet=True)
-    progress.node_seen("alpha")
-    slots = NodeSlots(ray, placements, {alpha.node_id: alpha}, progress, RayLauncher(store=False))
-    slots.refreshed = time.monotonic() + 3600  # the node given, not read again
+    slots = slots_of(placements, alpha)
     for each in (ended, also, endless):
         slots._start(each, alpha)
     endless_ref = placements[endless].ref
@@ -787,10 +774,7 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     # is the node's to schedule): what keeps two cells off one slot, beside another sweep too.
     wait_for(lambda: (ray.available_resources().get(SLOT), ray.available_resources().get("CPU")) == (0.5, 1.0),
              "the endless cell holding half the slot and no CPU")
-    # Its run under way on the node (its first query marked), so the cancel must interrupt the run itself.
-    wait_for(lambda: mark.exists() or bool(ray.wait([endless_ref], timeout=0)[0]), "the endless run under way",
-             timeout=300)
-    assert mark.exists(), f"the endless cell ended before its run began: {ray.get(endless_ref)!r:.2000}"
+    under_way(mark, endless_ref)  # so the cancel must interrupt the run itself
     events, cancelled = slots.stop()
     assert cancelled == 1 and sorted(event.job.label for event in events) == ["also ended", "ended"]
     assert {(event.result["status"], event.where) for event in events} == {("ok", " on alpha")}
@@ -799,7 +783,7 @@ def test_stop_collects_the_cells_that_ended_and_cancels_those_in_flight_on_their
     outcome = ray.get(endless_ref)["outcome"]  # its run interrupted as Ctrl-C interrupts a local one
     assert (outcome["exit_status"], outcome["record"]["status"], outcome["record"]["error"]) == (
         130, "failed", "interrupted by SIGINT"), outcome
-    assert "still running" not in stream.getvalue()
+    assert "still running" not in slots.progress.stream.getvalue()
 
 
 def test_stop_says_how_many_cancelled_cells_are_still_running_when_the_wait_for_them_ends(
@@ -807,29 +791,16 @@ def test_stop_says_how_many_cancelled_cells_are_still_running_when_the_wait_for_
     """A cell whose run does not end on Ctrl-C (its model holds on past the interrupt, until the launcher's grace
     kills it) is still running when the wait for the cancelled ends (made 0 s here): said in one line, left."""
     monkeypatch.setattr(scheduler, "CANCEL_WAIT_S", 0.0)
-    mark, release = tmp_path / "under-way", tmp_path / "release"
-    holding = ("import os, time\n\ndef postprocess(outputs, ctx):\n"
-               f"    mark, release = {str(mark)!r}, {str(release)!r}\n"
-               "    if not os.path.exists(mark):\n"
-               "        open(mark, 'w').close()\n"
-               "        deadline = time.monotonic() + 600\n"
-               "        while not os.path.exists(release) and time.monotonic() < deadline:\n"
-               "            try:\n                time.sleep(0.01)\n"
-               "            except KeyboardInterrupt:\n                pass\n"
-               "    return outputs['scores']\n")
-    stuck = endless_job("stuck", tmp_path, null_model_with(tmp_path / "models", postprocess=holding))
+    model, mark, release = held_model(tmp_path)
+    stuck = endless_job("stuck", tmp_path, model)
     alpha = alive_nodes(ray)[cluster]
     at = Placement(stuck.request, {SLOT: 0.5})
-    stream = io.StringIO()
-    progress = ClusterSteps(1, stream, quiet=True)
-    slots = NodeSlots(ray, {stuck: at}, {alpha.node_id: alpha}, progress, RayLauncher(store=False))
-    slots.refreshed = time.monotonic() + 3600
+    slots = slots_of({stuck: at}, alpha)
     slots._start(stuck, alpha)
     try:
-        wait_for(lambda: mark.exists() or bool(ray.wait([at.ref], timeout=0)[0]), "the run under way", timeout=300)
-        assert mark.exists(), f"the cell ended before its run began: {ray.get(at.ref)!r:.2000}"
+        under_way(mark, at.ref)
         assert slots.stop() == ([], 1)
-        assert stream.getvalue() == ("1 cancelled cell(s) still running on their nodes after 0 s; leaving them (their "
+        assert slots.progress.stream.getvalue() == ("1 cancelled cell(s) still running on their nodes after 0 s; leaving them (their "
                                      "scratch folders may stay in the nodes' temp folder)\n")
     finally:
         release.touch()
@@ -912,6 +883,30 @@ def marking_model(folder: Path) -> tuple[Path, Path]:
     return null_model_with(folder / "models", postprocess=postprocess), mark
 
 
+def held_model(folder: Path) -> tuple[Path, Path, Path]:
+    """The null model whose first query writes a mark file, then holds on (through Ctrl-C too) until a release
+    file appears: the model, the mark and the release."""
+    mark, release = folder / "under-way", folder / "release"
+    postprocess = ("import os, time\n\ndef postprocess(outputs, ctx):\n"
+                   f"    mark, release = {str(mark)!r}, {str(release)!r}\n"
+                   "    if not os.path.exists(mark):\n"
+                   "        open(mark, 'w').close()\n"
+                   "        deadline = time.monotonic() + 600\n"
+                   "        while not os.path.exists(release) and time.monotonic() < deadline:\n"
+                   "            try:\n                time.sleep(0.01)\n"
+                   "            except KeyboardInterrupt:\n                pass\n"
+                   "    return outputs['scores']\n")
+    return null_model_with(folder / "models", postprocess=postprocess), mark, release
+
+
+def under_way(mark: Path, ref: Any) -> None:
+    """Wait until the cell's run is under way on the node (its model wrote the mark); a cell whose task (`ref`)
+    ended before its run began fails the test at once."""
+    wait_for(lambda: mark.exists() or bool(ray.wait([ref], timeout=0)[0]), "the cell's run under way on the node",
+             timeout=300)
+    assert mark.exists(), f"the cell ended before its run began: {ray.get(ref)!r:.2000}"
+
+
 @contextlib.contextmanager
 def killed_run(mark: Path, ref: Any) -> Iterator[tuple[int, int]]:
     """Once the cell's run is under way (its mark written): the worker's and the run's pids. After, the run must
@@ -919,9 +914,7 @@ def killed_run(mark: Path, ref: Any) -> Iterator[tuple[int, int]]:
     whose task (`ref`) ended before its run began fails the test at once."""
     import psutil
 
-    wait_for(lambda: mark.exists() or bool(ray.wait([ref], timeout=0)[0]), "the cell's run under way on the node",
-             timeout=300)
-    assert mark.exists(), f"the cell ended before its run began: {ray.get(ref)!r:.2000}"
+    under_way(mark, ref)
     worker, run = map(int, mark.read_text().split())
     scratch = Path(os.readlink(f"/proc/{run}/fd/1")).parent  # the run's output file, in the task's scratch folder
     assert scratch.name.startswith("mlharness-node-cell-"), scratch
