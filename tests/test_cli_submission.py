@@ -41,14 +41,22 @@ def specs_env(session: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLHARNESS_SPECS", str(session["specs"]))
 
 
-def state(results: Path) -> dict:
+def state_file(results: Path) -> Path:
     (path,) = results.glob(f"*/{MODEL}/submission_run.json")
-    return json.loads(path.read_text())
+    return path
+
+
+def state(results: Path) -> dict:
+    return json.loads(state_file(results).read_text())
+
+
+def steps_file(results: Path) -> Path:
+    (path,) = results.glob(f"*/{MODEL}/Offline/submission_steps.json")
+    return path
 
 
 def steps_record(results: Path) -> dict:
-    (path,) = results.glob(f"*/{MODEL}/Offline/submission_steps.json")
-    return json.loads(path.read_text())["records"]
+    return json.loads(steps_file(results).read_text())["records"]
 
 
 def db_ids(results: Path) -> set[str]:
@@ -120,8 +128,7 @@ def test_a_session_whose_settings_changed_starts_its_steps_over_and_says_so(
     file that does not read starts over too."""
     results, conf = tmp_path / "results", tmp_path / "user.conf"
     shutil.copytree(session["results"], results)
-    (state_file,) = results.glob(f"*/{MODEL}/submission_run.json")
-    changed = f"{state_file}: settings changed since the last session; starting the steps over"
+    changed = f"{state_file(results)}: settings changed since the last session; starting the steps over"
 
     def started() -> list[str]:
         out = capsys.readouterr().out
@@ -136,10 +143,10 @@ def test_a_session_whose_settings_changed_starts_its_steps_over_and_says_so(
     conf.write_text("*.Offline.min_query_count = 200\n")  # the same file, other text
     assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
     assert started() == ["performance", "accuracy", "(said changed)"]
-    state_file.write_text("{not json")
+    state_file(results).write_text("{not json")
     assert run_cli(*SESSION, "--results-dir", results, "--user-conf", conf) == 0
     assert started() == ["performance", "accuracy"]
-    assert json.loads(state_file.read_text())["steps"].keys() == {"Offline/performance", "Offline/accuracy"}
+    assert state(results)["steps"].keys() == {"Offline/performance", "Offline/accuracy"}
 
 
 def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
@@ -177,10 +184,9 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     steps = state(results)["steps"]
     assert {k: v["status"] for k, v in steps.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
     # The session's last two lines: what it did (in the command's own time) and where its state is; what next.
-    (state_file,) = results.glob(f"*/{MODEL}/submission_run.json")
     said, then = out.splitlines()[-2:]
     seconds = re.fullmatch(rf"submission run: 2 step\(s\) for {MODEL} in (\d+) s; state in (.+)", said)
-    assert seconds and int(seconds[1]) <= round(took) and Path(seconds[2]) == state_file, said
+    assert seconds and int(seconds[1]) <= round(took) and Path(seconds[2]) == state_file(results), said
     assert then == (f"next: mlharness submission package --division open --submitter <NAME> --out <DIR> "
                     f"--results-dir {results} --model {MODEL}")
     for step in steps.values():  # how long it took, to a tenth of a second (within the command's time), beside its run
@@ -191,8 +197,7 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     assert summary[0].startswith("LoadGen result : ") and not any("results :" in line for line in summary), summary
     assert "\n".join(f"    {line}" for line in summary) in out
     # The steps file is made at schema 1, and each step's record has the command that reproduces it whole.
-    (steps_file,) = results.glob(f"*/{MODEL}/Offline/submission_steps.json")
-    assert json.loads(steps_file.read_text())["schema_version"] == 1
+    assert json.loads(steps_file(results).read_text())["schema_version"] == 1
     command = shlex.split(steps_record(results)["performance"]["command"])
     assert command[command.index("--results-dir") + 1] == str(results.resolve()), command
 

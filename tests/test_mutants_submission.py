@@ -619,19 +619,18 @@ def test_the_accuracy_logs_hash_is_checked_against_the_full_log_else_a_truncated
     assert problems(b"[]\n", b"[]\n") == [(txt, f"hash does not match the full accuracy log {full.name}", "tree")]
 
 
-def test_a_closed_run_below_its_target_is_an_accuracy_problem_and_the_detail_logs_errors_are_the_runs() -> None:
+def test_a_closed_run_below_its_target_is_an_accuracy_problem_and_the_detail_logs_errors_are_the_runs(
+        tmp_path: Path) -> None:
     """A closed run below its target is filed as an accuracy problem; a LoadGen error in the accuracy run's
     detail log as a problem of the run."""
     resnet = benchmark_for("resnet50")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        folder = root / "acc"
-        folder.mkdir()
-        (folder / "mlperf_log_accuracy.json").write_text("[]\n")
-        (folder / "accuracy.txt").write_text("accuracy=10%, good=1, total=10\n")
-        (folder / "mlperf_log_detail.txt").write_text(mllog_line("error_runtime", "a LoadGen error", is_error=True))
-        found = {(p.path.name, p.kind) for p in checker.check_accuracy(SubmitterTree(root, "closed", "A"), folder,
-                                                                        resnet)}
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    (folder / "mlperf_log_accuracy.json").write_text("[]\n")
+    (folder / "accuracy.txt").write_text("accuracy=10%, good=1, total=10\n")
+    (folder / "mlperf_log_detail.txt").write_text(mllog_line("error_runtime", "a LoadGen error", is_error=True))
+    found = {(p.path.name, p.kind)
+             for p in checker.check_accuracy(SubmitterTree(tmp_path, "closed", "A"), folder, resnet)}
     assert {("accuracy.txt", "accuracy"), ("mlperf_log_detail.txt", "run")} <= found
 
 
