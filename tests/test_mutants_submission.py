@@ -20,7 +20,7 @@ from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, packager, runs, session
 from mlharness.submission.layout import SubmitterTree, find_trees
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
-from tests.support import detail_log, mllog_line, run_cli, scenario_root
+from tests.support import REPO, detail_log, mllog_line, run_cli, scenario_root
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -650,3 +650,80 @@ def test_the_trees_to_check_are_found_from_the_root_a_division_or_a_submitter_fo
     with pytest.raises(UserError) as caught:
         find_trees(tmp_path / "other")
     assert str(caught.value) == f"{tmp_path / 'other'}: expected open/<submitter>/ or closed/<submitter>/ folders"
+
+
+def _record(mode: str, **fields: object) -> RunRecord:
+    """A finished LoadGen record of the null model (what packaging reads of it, set by the test)."""
+    base: dict = {"run_id": f"run-{mode}", "command": f"mlharness run null --mode {mode}",
+                  "model": {"name": "null", "version": "1.0.0", "sha256": "a" * 64}, "dataset": {},
+                  "backend": "null", "scenario": "Offline", "mode": mode, "status": "ok", "started_at": "T0"}
+    return RunRecord(**(base | fields))
+
+
+def _null_manifest(folder: Path, benchmark: str | None) -> Path:
+    """The null model's manifest, naming `benchmark` as its mlperf_benchmark (or none)."""
+    text = (REPO / "specs" / "models" / "null.yaml").read_text()
+    if benchmark is not None:
+        text = text.replace("attributes:", f"mlperf_benchmark: {benchmark}\nattributes:", 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"null-{benchmark}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("benchmark, official", [("resnet", "resnet"), ("resnet50", "resnet"), ("bogus", None),
+                                                 (None, None)])
+def test_a_runs_benchmark_is_its_model_manifests_official_name_or_alias(tmp_path: Path, benchmark: str | None,
+                                                                        official: str | None) -> None:
+    model = {"name": "null", "path": str(_null_manifest(tmp_path, benchmark))}
+    assert packager._benchmark_of(_record("performance", model=model)) == official
+
+
+def test_a_run_without_a_record_or_its_model_manifest_has_no_benchmark(tmp_path: Path) -> None:
+    """Packaging logs without a record, or a record whose model manifest is gone, maps no benchmark
+    (the closed division then refuses it by name) rather than failing on the missing file."""
+    assert packager._benchmark_of(None) is None
+    assert packager._benchmark_of(_record("performance", model={"name": "null"})) is None
+    gone = {"name": "null", "path": str(tmp_path / "moved-away.yaml")}
+    assert packager._benchmark_of(_record("performance", model=gone)) is None
+
+
+def test_the_packaged_user_conf_is_rebuilt_from_the_performance_runs_settings(tmp_path: Path) -> None:
+    """What the performance run applied, from its record: the scenario folder's user.conf may be a later
+    run's. Without the settings in the record (or without a record), the folder's copy."""
+    (tmp_path / "user.conf").write_text("# the folder's copy, a later run's\n")
+    settings = {"scenario": "Offline", "mode": "performance", "conf_model": "resnet50",
+                "loadgen": {"target_qps": "40", "min_duration": "250"}, "layers": ["mlperf.conf", "model", "preset:quick"]}
+    scenario_runs = runs.ScenarioRuns("null", "Offline", tmp_path, performance=_record("performance", settings=settings))
+    assert packager._user_conf(scenario_runs) == ("# written by mlharness: layers mlperf.conf < model < preset:quick\n"
+                                                  "resnet50.Offline.min_duration = 250\n"
+                                                  "resnet50.Offline.target_qps = 40\n")
+    without_layers = {k: v for k, v in settings.items() if k != "layers"}
+    scenario_runs.performance = _record("performance", settings=without_layers)
+    assert packager._user_conf(scenario_runs).splitlines()[0] == "# written by mlharness: layers mlperf.conf"
+    for record in (_record("performance", settings={}), None):
+        scenario_runs.performance = record
+        assert packager._user_conf(scenario_runs) == "# the folder's copy, a later run's\n"
+
+
+def test_a_packaged_readme_names_the_model_system_backend_and_each_runs_command(tmp_path: Path) -> None:
+    """The performance run's model, system and backend head it (the accuracy run's where there is no
+    performance record: the manifest may have changed between the two), then each run's command."""
+    folder = tmp_path / "box-folder" / "null" / "Offline"
+    perf = _record("performance", system_name="tiny-box", software={"versions": {"numpy": "2.0", "loadgen": "6.0"}})
+    acc = _record("accuracy", backend="onnxruntime", command=None,
+                  model={"name": "null", "version": "1.0.1", "sha256": "b" * 64})
+    assert packager._readme(runs.ScenarioRuns("null", "Offline", folder, performance=perf, accuracy=acc)) == "\n".join([
+        "# null 1.0.0 — Offline", "",
+        f"Measured with mlharness on tiny-box; backend null; model manifest sha256 {'a' * 64}.", "",
+        "## Performance (run run-performance, T0)", "", "Reproduce with:", "", "```",
+        "mlharness run null --mode performance", "```", "",
+        "## Accuracy (run run-accuracy, T0)", "", "Reproduce with:", "", "```", "(command not recorded)", "```", "",
+        "## Software", "", "- loadgen 6.0", "- numpy 2.0", ""])
+    only_accuracy = packager._readme(runs.ScenarioRuns("null", "Offline", folder, accuracy=acc)).splitlines()
+    assert only_accuracy[:3] == ["# null 1.0.1 — Offline", "",
+                                 f"Measured with mlharness on box-folder; backend onnxruntime; model manifest "
+                                 f"sha256 {'b' * 64}."]
+    assert "## Performance" not in "\n".join(only_accuracy)
+    no_records = packager._readme(runs.ScenarioRuns("null", "Offline", folder))
+    assert no_records == "# null  — Offline\n\nMeasured with mlharness on box-folder; backend ?; model manifest sha256 ?.\n"
