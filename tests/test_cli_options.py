@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from mlharness.submission.rules import BENCHMARKS
 from tests.support import copy_specs, run_cli, run_new
 
 MODEL = "null-resnet"  # the null model named with an mlperf_benchmark, as tests/test_cli_submission.py makes it
@@ -83,6 +84,50 @@ def test_model_option_picks_the_models_packaged(env: dict, tmp_path: Path) -> No
     assert package(results, tmp_path / "rep", "--model", "null", "--model", MODEL) == 1
     assert package(results, tmp_path / "comma", "--model", f"null,{MODEL}") == 1
     assert sorted(packaged(tmp_path / "rep")) == sorted(packaged(tmp_path / "comma")) == sorted(packaged(tmp_path / "all"))
+    # model_mapping.json maps the models that name a benchmark, and is not written when none does.
+    assert json.loads((tmp_path / "all" / "open" / "Acme" / "model_mapping.json").read_text()) == {MODEL: "resnet"}
+    assert package(results, tmp_path / "plain", "--model", "null") == 1
+    assert sorted(packaged(tmp_path / "plain")) == [(system, "null", "Offline")]
+    assert not (tmp_path / "plain" / "open" / "Acme" / "model_mapping.json").exists()
+
+
+def test_closed_division_refuses_a_model_that_names_no_benchmark(env: dict, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    results, system = env["results"], env["system"]
+    assert run_cli("submission", "package", "--division", "closed", "--submitter", "Acme", "--out", tmp_path / "out",
+                   "--results-dir", results, "--allow-invalid", "--model", "null") == 1
+    assert capsys.readouterr().err == (f"mlharness: error: {results / system / 'null' / 'Offline'}: model 'null' names "
+                                       f"no known mlperf_benchmark; the closed division needs one of "
+                                       f"{', '.join(BENCHMARKS)}\n")
+    assert list((tmp_path / "out").iterdir()) == []  # the staging folder removed, nothing written
+
+
+def test_package_records_each_run_it_packaged_and_why_the_tree_is_not_for_submission(env: dict, tmp_path: Path) -> None:
+    """src/mlharness_runs.json (schema 1): the tree's division, submitter and system, each packaged folder with its
+    runs, and the problems that make it not for submission, which NOT_FOR_SUBMISSION.txt lists a line each."""
+    results, system, ids = env["results"], env["system"], env["ids"]
+    assert package(results, tmp_path / "out", "--model", MODEL, "--scenarios", "Offline", "--system", "tiny-box") == 0
+    base = tmp_path / "out" / "open" / "Acme"
+    provenance = json.loads((base / "src" / "mlharness_runs.json").read_text())
+    reasons = provenance.pop("reasons")
+    (entry,) = provenance.pop("entries")
+    assert provenance == {"schema_version": 1, "tool": "mlharness", "division": "open", "submitter": "Acme",
+                          "system": "tiny-box", "not_for_submission": True, "skipped": []}
+    source = results / system / MODEL / "Offline"
+    overrides = [f"{source}: {mode} run {ids[key]} overrode protected settings min_duration, min_query_count "
+                 f"(layers: min_duration<-preset:quick, min_query_count<-preset:quick)"
+                 for mode, key in (("performance", "off_perf"), ("accuracy", "off_acc2"))]
+    # --quick's runs override durations; whether LoadGen also called the run INVALID is the machine's speed.
+    verdict = f"{source / 'performance' / 'run_1' / 'mlperf_log_summary.txt'}: LoadGen result is INVALID, expected VALID"
+    assert reasons in (overrides, [verdict] + overrides)
+    assert (base / "NOT_FOR_SUBMISSION.txt").read_text() == (
+        "NOT FOR SUBMISSION: packaged with --allow-invalid from runs that are not submission-grade:\n"
+        + "".join(f"- {reason}\n" for reason in reasons))
+    assert {k: entry[k] for k in ("folder", "model", "benchmark", "scenario", "source")} == {
+        "folder": f"results/tiny-box/{MODEL}/Offline", "model": MODEL, "benchmark": "resnet", "scenario": "Offline",
+        "source": str(source)}
+    assert (entry["performance"]["run_id"], entry["performance"]["mode"]) == (ids["off_perf"], "performance")
+    assert (entry["accuracy"]["run_id"], entry["accuracy"]["mode"]) == (ids["off_acc2"], "accuracy")
 
 
 def test_model_option_naming_no_recorded_model_is_refused(env: dict, tmp_path: Path,
@@ -176,6 +221,11 @@ def test_system_file_option_fills_the_system_description(env: dict, tmp_path: Pa
     plain_out = capsys.readouterr().out
     plain = json.loads((tmp_path / "plain" / "open" / "Acme" / "systems" / f"{system}.json").read_text())
     assert plain["cooling"] == plain["host_storage_type"] == plain["system_type_detail"] == "undetected"
+    # What the first packaged run detected: its memory and the packages it ran with.
+    record = json.loads((results / system / MODEL / "Offline" / "runs" / env["ids"]["off_perf"] / "run.json").read_text())
+    assert plain["host_memory_capacity"] == f"{record['system']['memory_bytes'] / 2**30:.0f} GB"
+    loadgen = record["software"]["versions"]["mlcommons-loadgen"]
+    assert f", mlcommons-loadgen {loadgen}" in plain["other_software_stack"]
     assert "system fields not detected (set with --system-field KEY=VALUE): " in plain_out
     fields = tmp_path / "fields.json"
     fields.write_text(json.dumps({"cooling": "air", "host_storage_type": "NVMe SSD", "system_type_detail": "from file"}))
