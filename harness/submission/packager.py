@@ -176,7 +176,7 @@ def _build(tree: SubmitterTree, chosen: list[ScenarioRuns], options: PackageOpti
                 mapping[runs.model] = benchmark
         dest = tree.scenario(system, folder, runs.scenario)
         _copy_scenario(runs, dest, tree.full_accuracy_log(system, folder, runs.scenario))
-        entries.append(_provenance_entry(runs, folder, benchmark, dest.relative_to(tree.base)))
+        entries.append(_provenance_entry(runs, benchmark, dest.relative_to(tree.base)))
     records = [r for runs in chosen for r in (runs.performance, runs.accuracy) if r]
     desc = system_json.describe(
         division=options.division, submitter=options.submitter, system_name=system,
@@ -259,7 +259,7 @@ def _readme(runs: ScenarioRuns) -> str:
     return "\n".join(lines)
 
 
-def _provenance_entry(runs: ScenarioRuns, folder: str, benchmark: str | None, where: Path) -> dict[str, Any]:
+def _provenance_entry(runs: ScenarioRuns, benchmark: str | None, where: Path) -> dict[str, Any]:
     def run_info(record: RunRecord | None) -> dict[str, Any] | None:
         if not record:
             return None
