@@ -727,3 +727,21 @@ def test_a_packaged_readme_names_the_model_system_backend_and_each_runs_command(
     assert "## Performance" not in "\n".join(only_accuracy)
     no_records = packager._readme(runs.ScenarioRuns("null", "Offline", folder))
     assert no_records == "# null  — Offline\n\nMeasured with mlharness on box-folder; backend ?; model manifest sha256 ?.\n"
+
+
+def test_a_packaged_readme_lists_each_audits_verdict_and_the_command_that_reruns_them(tmp_path: Path) -> None:
+    audits = {"TEST01": {"verdict": "PASS", "run_id": "a1"}, "TEST04": {"verdict": "FAIL", "run_id": "a4"}}
+
+    def compliance_section(perf: RunRecord | None) -> list[str]:
+        lines = packager._readme(runs.ScenarioRuns("null", "Offline", tmp_path, performance=perf,
+                                                   compliance=audits)).splitlines()
+        return lines[lines.index("## Compliance"):]
+
+    section = compliance_section(_record("performance"))
+    assert section == ["## Compliance", "", "- TEST01: PASS (audit run a1)", "- TEST04: FAIL (audit run a4)", "",
+                       "Reproduce with:", "", "```", "mlharness run null --mode performance --compliance TEST01,TEST04",
+                       "```"]
+    # A command that ran the audits itself is given as it was; without a performance record, a stand-in.
+    assert compliance_section(_record("performance", command="mlharness run null --compliance TEST04"))[8] == \
+        "mlharness run null --compliance TEST04"
+    assert compliance_section(None)[8] == "mlharness run ... --compliance TEST01,TEST04"
