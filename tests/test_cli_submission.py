@@ -202,6 +202,26 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     assert command[command.index("--results-dir") + 1] == str(results.resolve()), command
 
 
+def test_a_session_without_quick_says_about_how_long_each_timed_step_will_take(
+        specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --quick, a performance step is expected to last LoadGen's minimum duration (600 s, and a tenth), an
+    audit as long as its scenario's performance step took, an accuracy step nothing said. The quick preset's
+    settings, named as a preset, keep the runs short; whether the audit passes does not matter here."""
+    results = tmp_path / "results"
+    command = ("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--preset", "quick", "--set",
+               "target_qps=20000", "--compliance", "TEST04", "--results-dir", results)
+    assert run_cli(*command) in (0, 1)
+    started = re.findall(rf"^\[\d/3\] {MODEL} Offline .*: started.*$", capsys.readouterr().out, re.MULTILINE)
+    took = state(results)["steps"]["Offline/performance"]["seconds"]
+    assert started == [f"[1/3] {MODEL} Offline performance: started (about 660 s)",
+                       f"[2/3] {MODEL} Offline accuracy: started",
+                       f"[3/3] {MODEL} Offline TEST04: started (about {took:.0f} s)"]
+    # A performance step run again is still expected to last the minimum duration, not its last time.
+    assert run_cli(*command, "--redo", "Offline/performance") in (0, 1)
+    out = capsys.readouterr().out
+    assert f"[1/3] {MODEL} Offline performance: started (about 660 s)" in out.splitlines()
+
+
 def package(session: dict, out: Path, *extra: str) -> int:
     return run_cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", out,
                    "--results-dir", session["results"], "--allow-invalid", "--skip-dataset-size-check", *extra)
