@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from mlharness.store.result_store import ResultStore
-from tests.support import REPO, run_cli
+from tests.support import REPO, run_cli, wait_for
 
 MODEL = "null-resnet"
 SESSION = ("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--quick", "--set", "target_qps=20000")
@@ -149,23 +152,32 @@ def test_a_session_whose_settings_changed_starts_its_steps_over_and_says_so(
     assert state(results)["steps"].keys() == {"Offline/performance", "Offline/accuracy"}
 
 
+def specs_with_postprocess(session: dict, tmp_path: Path, code: str) -> Path:
+    """A copy of the session's specs whose model runs `code` (defining postprocess(outputs, ctx)) on each answer."""
+    specs = tmp_path / "specs"
+    shutil.copytree(session["specs"], specs)
+    model = specs / "models" / f"{MODEL}.yaml"
+    block = "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
+    model.write_text(model.read_text().replace("attributes:", block + "attributes:", 1))
+    return specs
+
+
 def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
         session: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A step whose run fails (here the model's postprocess, while a file says so): said failed on the progress
     line, kept in the state file with its error, the session stopped in one line saying how to resume; the same
     command again runs that step (and the rest), not a new session, and keeps what each step did."""
-    specs, flag, results = tmp_path / "specs", tmp_path / "fail", tmp_path / "results"
-    shutil.copytree(session["specs"], specs)
-    model = specs / "models" / f"{MODEL}.yaml"
-    postprocess = (f"postprocess: |\n  import os\n  def postprocess(outputs, ctx):\n"
-                   f"      if os.path.exists({str(flag)!r}):\n          raise RuntimeError('asked to fail')\n"
-                   "      return outputs['scores']\n")
-    model.write_text(model.read_text().replace("attributes:", postprocess + "attributes:", 1))
-    monkeypatch.setenv("MLHARNESS_SPECS", str(specs))
+    flag, results = tmp_path / "fail", tmp_path / "results"
+    monkeypatch.setenv("MLHARNESS_SPECS", str(specs_with_postprocess(
+        session, tmp_path, f"import os\ndef postprocess(outputs, ctx):\n    if os.path.exists({str(flag)!r}):\n"
+                           "        raise RuntimeError('asked to fail')\n    return outputs['scores']\n")))
     flag.touch()
+    began = time.monotonic()
     assert run_cli(*SESSION, "--results-dir", results) == 1
+    took = time.monotonic() - began
     out, err = capsys.readouterr()
-    assert re.search(rf"^\[1/2\] {MODEL} Offline performance: failed \(\d+\.\d s\)", out, re.MULTILINE), out
+    failed = re.search(rf"^\[1/2\] {MODEL} Offline performance: failed \((\d+\.\d) s\)", out, re.MULTILINE)
+    assert failed and float(failed[1]) <= round(took, 1) + 0.1, out  # the step's time, within the command's
     kept = state(results)["steps"]
     assert list(kept) == ["Offline/performance"] and kept["Offline/performance"]["status"] == "failed"
     error = kept["Offline/performance"]["error"]
@@ -179,8 +191,9 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     out = capsys.readouterr().out
     assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): started$", out, re.MULTILINE) == [
         ("1", "performance"), ("2", "accuracy")]
-    assert re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): done \(\d+\.\d s\)", out, re.MULTILINE) == [
-        ("1", "performance"), ("2", "accuracy")]
+    done = re.findall(r"^\[(\d)/2\] null-resnet Offline (\w+): done \((\d+\.\d) s\)", out, re.MULTILINE)
+    assert [(number, step) for number, step, _ in done] == [("1", "performance"), ("2", "accuracy")]
+    assert all(float(seconds) <= round(took, 1) + 0.1 for _, _, seconds in done), done
     steps = state(results)["steps"]
     assert {k: v["status"] for k, v in steps.items()} == {"Offline/performance": "done", "Offline/accuracy": "done"}
     # The session's last two lines: what it did (in the command's own time) and where its state is; what next.
@@ -200,6 +213,46 @@ def test_a_step_that_fails_is_kept_failed_and_the_same_command_resumes_from_it(
     assert json.loads(steps_file(results).read_text())["schema_version"] == 1
     command = shlex.split(steps_record(results)["performance"]["command"])
     assert command[command.index("--results-dir") + 1] == str(results.resolve()), command
+
+
+def test_a_step_stopped_by_ctrl_c_is_kept_failed_and_the_session_exits_130(
+        session: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while a step runs (once the model is answering): the run is interrupted, the step kept failed with
+    why, and the session exits 130 as `run` does, saying how to resume."""
+    answering, results = tmp_path / "answering", tmp_path / "results"
+    monkeypatch.setenv("MLHARNESS_SPECS", str(specs_with_postprocess(
+        session, tmp_path, f"import time\ndef postprocess(outputs, ctx):\n    open({str(answering)!r}, 'w').close()\n"
+                           "    time.sleep(120)\n    return outputs['scores']\n")))
+
+    def interrupt_once_answering() -> None:
+        wait_for(answering.exists, "the model answering")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_answering, daemon=True).start()
+    assert run_cli(*SESSION, "--results-dir", results) == 130
+    kept = state(results)["steps"]
+    assert list(kept) == ["Offline/performance"] and kept["Offline/performance"]["status"] == "failed"
+    error = kept["Offline/performance"]["error"]
+    assert error.startswith("run failed: interrupted by SIGINT"), error
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"mlharness: error: [1/2] {MODEL} Offline performance failed: {error} (run the same command again to resume)")
+
+
+def test_an_audit_that_cannot_run_fails_its_step_with_the_audits_own_line_and_exit_status_1(
+        specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An audit refused before it runs (the performance run's detail log it compares with is gone) is a user's
+    error, not a failed run: its step is kept failed with the audit's one line, and the session exits 1."""
+    results = tmp_path / "results"
+    command = (*SESSION, "--compliance", "TEST04", "--results-dir", results)
+    assert run_cli(*command) in (0, 1)  # whether the audit passes does not matter here
+    detail = Path(steps_record(results)["performance"]["results_path"]) / "performance" / "run_1" / "mlperf_log_detail.txt"
+    detail.unlink()
+    capsys.readouterr()
+    assert run_cli(*command, "--redo", "Offline/TEST04") == 1
+    error = f"{detail}: missing: TEST04 compares with the performance run; run it first"
+    assert state(results)["steps"]["Offline/TEST04"] == {"status": "failed", "error": error}
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"mlharness: error: [3/3] {MODEL} Offline TEST04 failed: {error} (run the same command again to resume)")
 
 
 def test_a_session_without_quick_says_about_how_long_each_timed_step_will_take(
