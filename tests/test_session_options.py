@@ -12,6 +12,7 @@ from mlharness.errors import UserError
 from mlharness.running.arguments import FLAGS
 from mlharness.running.request import RunRequest
 from mlharness.submission import session
+from tests.support import run_cli
 
 
 def _options(monkeypatch: pytest.MonkeyPatch, *argv: str) -> session.SessionOptions:
@@ -48,3 +49,14 @@ def test_a_wrong_scenario_is_named_as_scenarios(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(UserError) as caught:
         session.check_scenarios([])
     assert str(caught.value) == "--scenarios: expected at least one scenario"
+
+
+def test_a_backend_the_model_has_no_manifest_for_is_refused_before_any_step(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--backend picks the model's manifest for the whole session: one it lacks is refused when the session opens,
+    in one line, before a step starts or a state file is written."""
+    assert run_cli("submission", "run", "--model", "null", "--scenarios", "Offline", "--quick", "--backend",
+                   "onnxruntime", "--results-dir", tmp_path) == 1
+    out, err = capsys.readouterr()
+    assert err == "mlharness: error: model 'null' has no manifest for backend 'onnxruntime' (have: null)\n"
+    assert "started" not in out and not list(tmp_path.rglob("submission_run.json"))
