@@ -60,3 +60,14 @@ def test_a_backend_the_model_has_no_manifest_for_is_refused_before_any_step(tmp_
     out, err = capsys.readouterr()
     assert err == "mlharness: error: model 'null' has no manifest for backend 'onnxruntime' (have: null)\n"
     assert "started" not in out and not list(tmp_path.rglob("submission_run.json"))
+
+
+def test_a_session_on_a_gpu_keeps_its_state_in_the_devices_system_folder(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CUDA run and a CPU run of one host are two systems: a session's state goes where its runs go, the
+    device's system folder. (No GPU here: the first step's run is refused, after the session opened.)"""
+    assert run_cli("submission", "run", "--model", "null", "--scenarios", "Offline", "--quick", "--hardware", "cuda0",
+                   "--results-dir", tmp_path) == 1
+    assert "device: the null backend runs on cpu only, got cuda:0" in capsys.readouterr().err
+    (state,) = tmp_path.glob("*/null/submission_run.json")
+    assert state.parent.parent.name.endswith("c_cuda0"), state
