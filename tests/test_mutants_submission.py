@@ -711,7 +711,7 @@ def test_a_packaged_readme_names_the_model_system_backend_and_each_runs_command(
     performance record: the manifest may have changed between the two), then each run's command."""
     folder = tmp_path / "box-folder" / "null" / "Offline"
     perf = _record("performance", system_name="tiny-box", software={"versions": {"numpy": "2.0", "loadgen": "6.0"}})
-    acc = _record("accuracy", backend="onnxruntime", command=None,
+    acc = _record("accuracy", backend="onnxruntime", command=None, software={"versions": {"onnxruntime": "1.0"}},
                   model={"name": "null", "version": "1.0.1", "sha256": "b" * 64})
     assert packager._readme(runs.ScenarioRuns("null", "Offline", folder, performance=perf, accuracy=acc)) == "\n".join([
         "# null 1.0.0 — Offline", "",
@@ -724,7 +724,7 @@ def test_a_packaged_readme_names_the_model_system_backend_and_each_runs_command(
     assert only_accuracy[:3] == ["# null 1.0.1 — Offline", "",
                                  f"Measured with mlharness on box-folder; backend onnxruntime; model manifest "
                                  f"sha256 {'b' * 64}."]
-    assert "## Performance" not in "\n".join(only_accuracy)
+    assert "## Performance" not in only_accuracy and only_accuracy[-3:] == ["## Software", "", "- onnxruntime 1.0"]
     no_records = packager._readme(runs.ScenarioRuns("null", "Offline", folder))
     assert no_records == "# null  — Offline\n\nMeasured with mlharness on box-folder; backend ?; model manifest sha256 ?.\n"
 
@@ -745,3 +745,59 @@ def test_a_packaged_readme_lists_each_audits_verdict_and_the_command_that_reruns
     assert compliance_section(_record("performance", command="mlharness run null --compliance TEST04"))[8] == \
         "mlharness run null --compliance TEST04"
     assert compliance_section(None)[8] == "mlharness run ... --compliance TEST01,TEST04"
+
+
+def test_packaged_sources_hold_each_manifest_the_runs_named_with_its_hash_then_and_now(tmp_path: Path) -> None:
+    """src/specs/<kind>/ gets every manifest file a run named, and src/manifests.json each one's identity, its
+    sha256 at the run and now, and whether it changed since (unknowable without a recorded hash: not said
+    changed). A manifest recorded without a path, or whose file is gone, is left out; the rest still go in."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    dataset, software, reference = specs / "d.yaml", specs / "s.yaml", specs / "r.yaml"
+    dataset.write_text("kind: dataset\n")
+    at_run = hashlib.sha256(dataset.read_bytes()).hexdigest()
+    dataset.write_text("kind: dataset\n# edited after the run\n")
+    software.write_text("kind: software\n")
+    reference.write_text("kind: reference\n")
+
+    def ref(path: Path, sha256: str | None) -> dict:
+        return {"name": path.stem, "version": "1", "sha256": sha256, "path": str(path)}
+
+    def now(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    record = _record("performance", model={"name": "gone", "path": str(tmp_path / "gone.yaml")}, dataset=ref(dataset, at_run),
+                     hardware={"name": "cpu"}, software={"manifest": ref(software, now(software))},
+                     reference=ref(reference, None))
+    tree = SubmitterTree(tmp_path / "out", "open", "Acme")
+    packager._copy_sources(tree, [record])
+    assert json.loads((tree.src / "manifests.json").read_text()) == {
+        "specs/datasets/d.yaml": {"name": "d", "version": "1", "sha256_at_run": at_run, "sha256_now": now(dataset),
+                                  "changed_since_run": True},
+        "specs/software/s.yaml": {"name": "s", "version": "1", "sha256_at_run": now(software),
+                                  "sha256_now": now(software), "changed_since_run": False},
+        "specs/references/r.yaml": {"name": "r", "version": "1", "sha256_at_run": None, "sha256_now": now(reference),
+                                    "changed_since_run": False}}
+    assert sorted(str(p.relative_to(tree.src / "specs")) for p in (tree.src / "specs").rglob("*.yaml")) == [
+        "datasets/d.yaml", "references/r.yaml", "software/s.yaml"]
+    assert (tree.src / "specs" / "datasets" / "d.yaml").read_text() == dataset.read_text()
+
+
+def test_the_packaged_code_is_the_checkouts_sources_or_the_installed_package_with_a_note(tmp_path: Path) -> None:
+    """From a checkout: its layout (harness/, sut/, native C sources, pyproject.toml). From a package folder (an
+    installed wheel, or mutation testing's tree): the package's Python code, and INSTALLED.txt naming the version.
+    No __pycache__ either way."""
+    from importlib.metadata import version
+
+    root = packager.PACKAGE_ROOT
+    packager._copy_code(tmp_path / "code")
+    copied = {str(p.relative_to(tmp_path / "code")) for p in (tmp_path / "code").rglob("*") if p.is_file()}
+    assert not [p for p in copied if "__pycache__" in p]
+    if root.name != "mlharness":
+        assert {"harness/running/runner.py", "sut/backends/__init__.py", "pyproject.toml"} <= copied
+        assert any(p.startswith("native/") and p.endswith(".c") for p in copied)
+        assert packager.INSTALLED_NOTE not in copied
+    else:
+        assert "running/runner.py" in copied and "pyproject.toml" not in copied
+        note = (tmp_path / "code" / packager.INSTALLED_NOTE).read_text()
+        assert note.startswith(f"mlharness {version('mlharness')}, installed in {root}: its Python code"), note
