@@ -126,8 +126,14 @@ def test_package_records_each_run_it_packaged_and_why_the_tree_is_not_for_submis
     assert {k: entry[k] for k in ("folder", "model", "benchmark", "scenario", "source")} == {
         "folder": f"results/tiny-box/{MODEL}/Offline", "model": MODEL, "benchmark": "resnet", "scenario": "Offline",
         "source": str(source)}
-    assert (entry["performance"]["run_id"], entry["performance"]["mode"]) == (ids["off_perf"], "performance")
-    assert (entry["accuracy"]["run_id"], entry["accuracy"]["mode"]) == (ids["off_acc2"], "accuracy")
+    assert entry["compliance"] == {}
+    for kind, key in (("performance", "off_perf"), ("accuracy", "off_acc2")):
+        record = json.loads((source / "runs" / ids[key] / "run.json").read_text())
+        assert entry[kind] == {"run_id": ids[key], "mode": kind, "status": "ok", "command": record["command"],
+                               "result": (record["performance"] or {}).get("result"),
+                               "overridden_protected": ["min_duration", "min_query_count"],
+                               "settings_origin": record["settings"]["origin"]}
+    assert entry["performance"]["result"] in ("VALID", "INVALID") and entry["accuracy"]["result"] is None
 
 
 def test_model_option_naming_no_recorded_model_is_refused(env: dict, tmp_path: Path,
