@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -801,3 +802,99 @@ def test_the_packaged_code_is_the_checkouts_sources_or_the_installed_package_wit
         assert "running/runner.py" in copied and "pyproject.toml" not in copied
         note = (tmp_path / "code" / packager.INSTALLED_NOTE).read_text()
         assert note.startswith(f"mlharness {version('mlharness')}, installed in {root}: its Python code"), note
+
+
+CPUINFO_TWO_SOCKETS = "".join(
+    f"processor\t: {n}\nphysical id\t: {n // 4}\ncpu cores\t: 4\ncpu MHz\t\t: 2400.321\ncache size\t: 16384 KB\n\n"
+    for n in range(8))
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The machine files the system description reads, given by the test: /proc/cpuinfo (two sockets of four
+    cores), /etc/os-release and /sys/class/net (two cards with a device, and lo) under tmp_path/machine; a
+    500 GiB root disk. Without psutil unless the test puts it back."""
+    import pathlib
+    import types
+
+    from mlharness.submission import system_json
+
+    root = tmp_path / "machine"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text(CPUINFO_TWO_SOCKETS)
+    (root / "etc").mkdir()
+    (root / "etc" / "os-release").write_text('NAME="Debian GNU/Linux"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
+    for card in ("eth0/device", "eth1/device", "lo"):
+        (root / "sys" / "class" / "net" / card).mkdir(parents=True)
+    files = ("/proc/cpuinfo", "/etc/os-release", "/sys/class/net")
+    monkeypatch.setattr(system_json, "Path", lambda p: pathlib.Path(root / p.lstrip("/") if p in files else p))
+    monkeypatch.setattr(system_json.shutil, "disk_usage", lambda _: types.SimpleNamespace(total=500 * 2**30))
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError: /proc/cpuinfo is read
+    return root
+
+
+def _describe(detected: dict, software: dict) -> dict[str, str]:
+    from mlharness.submission import system_json
+
+    return system_json.describe(division="open", submitter="Acme", system_name="box", detected=detected,
+                                software=software, backends=["onnxruntime", "null", "onnxruntime"],
+                                hardware_refs=["gpu@1", "cpu@1", "gpu@1"])
+
+
+def test_the_system_description_is_what_the_run_detected_and_the_machine_files_say(machine: Path) -> None:
+    detected = {"cpu_model": "Xeon 8480", "logical_cpus": 16, "memory_bytes": 64 * 2**30, "os": "Linux 6.1",
+                "python": "3.11.7", "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+    desc = _describe(detected, {"onnxruntime": "1.20", "numpy": "2.0", "mlcommons-loadgen": "6.0"})
+    assert {k: v for k, v in desc.items() if not k.startswith("accelerator_") or k == "accelerator_model_name"} == {
+        "division": "open", "submitter": "Acme", "status": "available", "system_name": "box", "system_type": "edge",
+        "system_type_detail": "undetected", "number_of_nodes": "1", "host_processor_model_name": "Xeon 8480",
+        "host_processors_per_node": "2", "host_processor_core_count": "8", "host_processor_frequency": "2400 MHz",
+        "host_processor_caches": "16384 KB (cache size in /proc/cpuinfo)", "host_processor_interconnect": "N/A",
+        "host_memory_capacity": "64 GB", "host_memory_configuration": "undetected", "host_storage_capacity": "500 GB",
+        "host_storage_type": "undetected", "host_networking": "N/A", "host_networking_topology": "N/A",
+        "host_network_card_count": "2", "accelerators_per_node": "2", "accelerator_model_name": "NVIDIA H200",
+        "cooling": "undetected", "framework": "null, onnxruntime 1.20",
+        "operating_system": "Debian GNU/Linux 12 (bookworm) (Linux 6.1)",
+        "other_software_stack": "Python 3.11.7, mlcommons-loadgen 6.0, numpy 2.0",
+        "hw_notes": "Detected by mlharness; 16 logical CPUs available; hardware manifest(s): cpu@1, gpu@1",
+        "sw_notes": "Run with mlharness (LoadGen via mlcommons-loadgen); manifests and code in src/"}
+    assert {desc[k] for k in desc if k.startswith("accelerator_") and k != "accelerator_model_name"} == {"N/A"}
+
+
+def test_the_system_description_falls_back_field_by_field_when_nothing_was_detected(
+        machine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No detected values, one socket, no cache or frequency line, no os-release, no network card: each field its
+    own fallback (this host's CPU count and platform, one socket and card, undetected, N/A)."""
+    import platform
+
+    (machine / "proc" / "cpuinfo").write_text("processor\t: 0\nmodel name\t: X\ncpu cores\t: 3\n")
+    (machine / "etc" / "os-release").unlink()
+    for card in ("eth0", "eth1"):  # lo alone: no card with a device
+        shutil.rmtree(machine / "sys" / "class" / "net" / card)
+    desc = _describe({}, {})
+    assert (desc["host_processor_model_name"], desc["host_processors_per_node"], desc["host_processor_core_count"],
+            desc["host_processor_frequency"], desc["host_processor_caches"], desc["host_memory_capacity"],
+            desc["host_network_card_count"], desc["accelerators_per_node"], desc["accelerator_model_name"]) == (
+        "undetected", "1", "3", "undetected", "undetected", "undetected", "1", "0", "N/A")
+    assert desc["operating_system"] == platform.platform()
+    assert desc["other_software_stack"] == f"Python {platform.python_version()}"
+    assert desc["framework"] == "null, onnxruntime"
+    assert desc["hw_notes"].startswith(f"Detected by mlharness; {os.cpu_count()} logical CPUs available;")
+    shutil.rmtree(machine / "sys")  # no /sys/class/net at all: one card
+    assert _describe({}, {})["host_network_card_count"] == "1"
+    (machine / "proc" / "cpuinfo").unlink()  # unreadable: one socket, and the logical count for cores
+    assert (_describe({"logical_cpus": 6}, {})["host_processors_per_node"],
+            _describe({"logical_cpus": 6}, {})["host_processor_core_count"]) == ("1", "6")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: (_ for _ in ()).throw(OSError("no disk")))
+    assert _describe({}, {})["host_storage_capacity"] == "undetected"
+
+
+def test_the_physical_core_count_comes_from_psutil_when_it_is_there(machine: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    counts = {False: 12, True: 24}
+    monkeypatch.setitem(sys.modules, "psutil", types.SimpleNamespace(cpu_count=lambda logical=True: counts[logical]))
+    assert _describe({"logical_cpus": 24}, {})["host_processor_core_count"] == "12"
+    counts[False] = None  # psutil cannot tell: the logical count
+    assert _describe({"logical_cpus": 24}, {})["host_processor_core_count"] == "24"
