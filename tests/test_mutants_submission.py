@@ -898,3 +898,23 @@ def test_the_physical_core_count_comes_from_psutil_when_it_is_there(machine: Pat
     assert _describe({"logical_cpus": 24}, {})["host_processor_core_count"] == "12"
     counts[False] = None  # psutil cannot tell: the logical count
     assert _describe({"logical_cpus": 24}, {})["host_processor_core_count"] == "24"
+
+
+def test_packaged_accuracy_text_is_the_headline_our_figures_then_the_full_logs_hash(tmp_path: Path) -> None:
+    """The run's headline line first, its other figures kept (blank lines and an old hash line dropped), the full
+    log's hash last; a missing, empty or unofficial accuracy.txt is one error naming it."""
+    log = tmp_path / "mlperf_log_accuracy.json"
+    log.write_text("[]\n")
+    txt = tmp_path / "accuracy.txt"
+    txt.write_text("\naccuracy=50.000%, good=1, total=2\n\ntop5=1.0\nhash=0123\n")
+    assert accuracy_txt.official_text(txt, log) == (f"accuracy=50.000%, good=1, total=2\ntop5=1.0\n"
+                                                    f"hash={hashlib.sha256(b'[]' + bytes([10])).hexdigest()}\n")
+    for text, why in (("", "''"), ("top1=0.5\n", "'top1=0.5'")):
+        txt.write_text(text)
+        with pytest.raises(UserError) as caught:
+            accuracy_txt.official_text(txt, log)
+        assert str(caught.value) == (f"{txt}: line 1: expected the official headline 'accuracy=<pct>%, good=<n>, "
+                                     f"total=<n>', got {why}")
+    with pytest.raises(UserError) as caught:
+        accuracy_txt.official_text(tmp_path / "missing.txt", log)
+    assert str(caught.value) == f"{tmp_path / 'missing.txt'}: cannot read accuracy.txt: No such file or directory"

@@ -19,12 +19,13 @@ def official_text(run_accuracy_txt: Path, full_log: Path) -> str:
         lines = run_accuracy_txt.read_text().splitlines()
     except OSError as exc:
         raise UserError(f"{run_accuracy_txt}: cannot read accuracy.txt: {exc.strerror or exc}") from None
-    headline = next((line for line in lines if line.strip()), "")
+    first = next((number for number, line in enumerate(lines) if line.strip()), len(lines))
+    headline = lines[first] if first < len(lines) else ""
     if not headline.startswith("accuracy="):
         raise UserError(f"{run_accuracy_txt}: line 1: expected the official headline "
                         f"'accuracy=<pct>%, good=<n>, total=<n>', got {headline!r}")
     # Our own figures (top5, reference checks) stay between; the hash comes last, as the tool appends it.
-    extra = [line for line in lines[1:] if line.strip() and not re.match(HASH_LINE, line)]
+    extra = [line for line in lines[first + 1:] if line.strip() and not re.match(HASH_LINE, line)]
     return "\n".join([headline, *extra, f"hash={sha256_file(full_log)}"]) + "\n"
 
 
