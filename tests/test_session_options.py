@@ -12,7 +12,7 @@ from mlharness.errors import UserError
 from mlharness.running.arguments import FLAGS
 from mlharness.running.request import RunRequest
 from mlharness.submission import session
-from tests.support import run_cli
+from tests.support import copy_specs, run_cli
 
 
 def _options(monkeypatch: pytest.MonkeyPatch, *argv: str) -> session.SessionOptions:
@@ -71,3 +71,17 @@ def test_a_session_on_a_gpu_keeps_its_state_in_the_devices_system_folder(tmp_pat
     assert "device: the null backend runs on cpu only, got cuda:0" in capsys.readouterr().err
     (state,) = tmp_path.glob("*/null/submission_run.json")
     assert state.parent.parent.name.endswith("c_cuda0"), state
+
+
+def test_the_sessions_hardware_is_looked_up_among_hardware_manifests_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset that shares the hardware's name ("cpu") does not make the name ambiguous: the session gets as far
+    as its --redo check (which names the steps, before anything runs)."""
+    specs = copy_specs(tmp_path / "specs")
+    text = (specs / "datasets" / "null-samples.yaml").read_text()
+    (specs / "datasets" / "cpu.yaml").write_text(text.replace("name: null-samples", "name: cpu", 1))
+    monkeypatch.setenv("MLHARNESS_SPECS", str(specs))
+    assert run_cli("submission", "run", "--model", "null", "--scenarios", "Offline", "--quick", "--redo", "nothing",
+                   "--results-dir", tmp_path / "results") == 1
+    assert capsys.readouterr().err == ("mlharness: error: --redo nothing: not a step of this run; expected a scenario "
+                                       "or one of: Offline/performance, Offline/accuracy\n")
