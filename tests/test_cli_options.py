@@ -102,6 +102,23 @@ def test_closed_division_refuses_a_model_that_names_no_benchmark(env: dict, tmp_
     assert list((tmp_path / "out").iterdir()) == []  # the staging folder removed, nothing written
 
 
+def test_a_scenario_folder_without_run_records_is_packaged_from_its_logs(env: dict, tmp_path: Path) -> None:
+    """Logs copied without their run records (no run.json, steps file or database): packaged as found, with the
+    system description's detected fields undetected and the README saying what is not known."""
+    source = env["results"] / env["system"] / "null" / "Offline"
+    copy = tmp_path / "results" / "box" / "null" / "Offline"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("run.json", "submission_steps.json"))
+    assert package(tmp_path / "results", tmp_path / "out") == 1  # the check after it: null names no benchmark
+    base = tmp_path / "out" / "open" / "Acme"
+    entry = packaged(tmp_path / "out")[("box", "null", "Offline")]
+    assert (entry["performance"], entry["accuracy"]) == (None, None)
+    readme = (base / "results" / "box" / "null" / "Offline" / "README.md").read_text()
+    assert readme == "# null  — Offline\n\nMeasured with mlharness on box; backend ?; model manifest sha256 ?.\n"
+    system = json.loads((base / "systems" / "box.json").read_text())
+    assert system["host_processor_model_name"] == system["host_memory_capacity"] == "undetected"
+    assert json.loads((base / "src" / "manifests.json").read_text()) == {}
+
+
 def test_package_records_each_run_it_packaged_and_why_the_tree_is_not_for_submission(env: dict, tmp_path: Path) -> None:
     """src/mlharness_runs.json (schema 1): the tree's division, submitter and system, each packaged folder with its
     runs, and the problems that make it not for submission, which NOT_FOR_SUBMISSION.txt lists a line each."""
