@@ -275,6 +275,26 @@ def test_a_session_without_quick_says_about_how_long_each_timed_step_will_take(
     assert f"[1/3] {MODEL} Offline performance: started (about 660 s)" in out.splitlines()
 
 
+def test_an_audit_step_reports_its_verdict_and_scores_and_a_resumed_session_names_its_run(
+        specs_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under an audit step: its verdict, then the reference and test scores it compared; the state keeps its run
+    and verdict (those the run's record has), and a resumed session names them, with the same exit status."""
+    results = tmp_path / "results"
+    command = (*SESSION, "--compliance", "TEST04", "--results-dir", results)
+    code = run_cli(*command)
+    lines = capsys.readouterr().out.splitlines()
+    audit = steps_record(results)["performance"]["compliance"]["TEST04"]
+    kept = state(results)["steps"]["Offline/TEST04"]
+    assert (kept["run_id"], kept["verdict"], code) == (audit["run_id"], audit["verdict"], 0 if audit["verdict"] == "PASS" else 1)
+    (done,) = [n for n, line in enumerate(lines) if line.startswith(f"[3/3] {MODEL} Offline TEST04: done (")]
+    said = lines[done + 1:done + 4]
+    assert said[0] == f"    TEST04: {audit['verdict']}" and said[1].startswith("    reference score")
+    assert said[2].startswith("    test score") and kept["summary"] == [line.strip() for line in said]
+    assert run_cli(*command) == code
+    assert (f"[3/3] {MODEL} Offline TEST04: done earlier (run {audit['run_id']}, {audit['verdict']}), skipped"
+            in capsys.readouterr().out.splitlines())
+
+
 def package(session: dict, out: Path, *extra: str) -> int:
     return run_cli("submission", "package", "--division", "open", "--submitter", "Acme", "--out", out,
                    "--results-dir", session["results"], "--allow-invalid", "--skip-dataset-size-check", *extra)
