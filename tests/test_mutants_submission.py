@@ -918,3 +918,21 @@ def test_packaged_accuracy_text_is_the_headline_our_figures_then_the_full_logs_h
     with pytest.raises(UserError) as caught:
         accuracy_txt.official_text(tmp_path / "missing.txt", log)
     assert str(caught.value) == f"{tmp_path / 'missing.txt'}: cannot read accuracy.txt: No such file or directory"
+
+
+def test_an_accuracy_log_at_the_size_allowed_is_kept_whole_and_a_byte_more_is_truncated(tmp_path: Path) -> None:
+    log = tmp_path / "mlperf_log_accuracy.json"
+    limit, viewable = checker.MAX_ACCURACY_LOG_SIZE, accuracy_txt.VIEWABLE_SIZE
+    log.write_bytes(b"a" * (limit - 1) + b"z")
+    assert accuracy_txt.truncated_bytes(log) == log.read_bytes()
+    log.write_bytes(b"a" * limit + b"z")
+    assert accuracy_txt.truncated_bytes(log) == b"a" * viewable + b"\n\n...\n\n" + b"a" * (viewable - 1) + b"z"
+
+
+def test_packaging_accuracy_without_the_runs_log_is_one_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "accuracy.txt").write_text("accuracy=50.000%, good=1, total=2\n")
+    with pytest.raises(UserError) as caught:
+        accuracy_txt.write_packaged_accuracy(tmp_path, tmp_path / "packaged", tmp_path / "full.json")
+    assert str(caught.value) == (f"{tmp_path / 'mlperf_log_accuracy.json'}: missing: the accuracy run's log is needed "
+                                 f"to package accuracy/")
+    assert not (tmp_path / "packaged").exists() and not (tmp_path / "full.json").exists()
