@@ -936,3 +936,37 @@ def test_packaging_accuracy_without_the_runs_log_is_one_error_naming_it(tmp_path
     assert str(caught.value) == (f"{tmp_path / 'mlperf_log_accuracy.json'}: missing: the accuracy run's log is needed "
                                  f"to package accuracy/")
     assert not (tmp_path / "packaged").exists() and not (tmp_path / "full.json").exists()
+
+
+def test_each_system_description_problem_is_filed_as_a_system_problem_naming_the_field(tmp_path: Path) -> None:
+    """systems/<system>.json: not an object; then each field missing, empty or not a string, a count that is no
+    integer, a division or submitter other than the folders', an unknown status or system_type: one problem each,
+    filed under "system" (what --allow-invalid never waives)."""
+    from mlharness.submission.rules import SYSTEM_FIELDS, SYSTEM_STATUS, SYSTEM_TYPES
+
+    tree = SubmitterTree(tmp_path, "open", "Acme")
+    (tree.results / "box").mkdir(parents=True)
+    tree.systems.mkdir(parents=True)
+    path = tree.system_json("box")
+
+    def found() -> list[tuple[str, str]]:
+        return [(p.message, p.kind) for p in checker.check_tree(tree) if p.path == path]
+
+    path.write_text("[]")
+    assert found() == [("expected a JSON object", "system")]
+    data = {key: "1" for key in SYSTEM_FIELDS} | {"division": "closed", "submitter": "Beta", "status": "Sold",
+                                                  "system_type": "laptop", "cooling": 0, "host_processors_per_node": "two"}
+    del data["host_networking"]
+    path.write_text(json.dumps(data))
+    assert found() == [
+        ("host_networking: missing field", "system"),
+        ("cooling: expected a non-empty string (write \"0\", not 0), got 0", "system"),
+        ("host_processors_per_node: expected a count that parses as an integer, got 'two'", "system"),
+        ("division: 'closed' does not match the folder 'open'", "system"),
+        ("submitter: 'Beta' does not match the folder 'Acme'", "system"),
+        (f"status: expected one of {', '.join(SYSTEM_STATUS)}, got 'Sold'", "system"),
+        (f"system_type: expected one of {', '.join(SYSTEM_TYPES)}, got 'laptop'", "system")]
+    path.write_text(json.dumps(data | {"division": "open", "submitter": "Acme", "status": "Available",
+                                       "system_type": "edge", "cooling": "air", "host_processors_per_node": "2",
+                                       "host_networking": "N/A"}))
+    assert found() == []  # the status read without regard to case
