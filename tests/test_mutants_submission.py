@@ -970,3 +970,74 @@ def test_each_system_description_problem_is_filed_as_a_system_problem_naming_the
                                        "system_type": "edge", "cooling": "air", "host_processors_per_node": "2",
                                        "host_networking": "N/A"}))
     assert found() == []  # the status read without regard to case
+
+
+def _performance_detail(path: Path, scenario: str, **changed: object) -> Path:
+    """A detail log with every value the checker reads, each as a submission needs it; `changed` replaces some
+    (None leaves the key out)."""
+    from mlharness.submission.rules import SEEDS
+
+    resnet = benchmark_for("resnet50")
+    values = {"result_validity": "VALID", "effective_scenario": scenario, "effective_min_duration_ms": 600_000,
+              "effective_performance_sample_count": resnet.performance_sample_count, "effective_min_query_count": 1,
+              "effective_samples_per_query": 1, "early_stopping_met": True} | {f"effective_{k}": v for k, v in SEEDS.items()}
+    values |= changed
+    path.write_text("".join(mllog_line(key, value) for key, value in values.items() if value is not None))
+    return path
+
+
+def test_a_performance_log_as_a_submission_needs_it_has_no_problem_and_each_departure_is_one(tmp_path: Path) -> None:
+    from mlharness.submission.rules import SEEDS
+
+    resnet = benchmark_for("resnet50")
+
+    def problems(**changed: object) -> list[tuple[str, str]]:
+        detail = _performance_detail(tmp_path / "mlperf_log_detail.txt", "SingleStream", **changed)
+        return [(p.message, p.kind) for p in checker.check_performance_log(detail, "SingleStream", resnet)]
+
+    assert problems() == []
+    assert problems(result_validity=None) == [("LoadGen marked the run unknown, expected VALID", "run")]
+    seed = next(iter(SEEDS))
+    assert problems(**{f"effective_{seed}": 7}) == [
+        (f"{seed}: expected LoadGen's mlperf.conf seed {SEEDS[seed]}, found 7", "run")]
+    assert problems(early_stopping_met=False) == [("SingleStream: early stopping condition not met", "run")]
+    detail = tmp_path / "mlperf_log_detail.txt"
+    with detail.open("a") as log:
+        log.write(mllog_line("error_runtime", "x" * 300, is_error=True))
+    found = [(p.message, p.kind) for p in checker.check_performance_log(detail, "SingleStream", resnet)]
+    assert found == [(f"LoadGen error: {('error_runtime: ' + 'x' * 300)[:200]}", "run"),
+                     ("SingleStream: early stopping condition not met", "run")]
+    # Offline is held to its query count, not to early stopping.
+    offline = _performance_detail(tmp_path / "offline.txt", "Offline", early_stopping_met=None)
+    assert checker.check_performance_log(offline, "Offline", resnet) == []
+    offline = _performance_detail(tmp_path / "offline.txt", "Offline", effective_min_query_count=0)
+    assert [(p.message, p.kind) for p in checker.check_performance_log(offline, "Offline", resnet)] == [
+        ("min_query_count: expected >= 1", "run")]
+
+
+def test_a_scenario_folders_measurements_extra_files_and_recorded_overrides_are_each_a_problem(tmp_path: Path) -> None:
+    """measurements.json's empty or missing fields; a file in performance/run_1 the official checker does not
+    expect (the accuracy log may lie there); a packaged run that overrode protected settings, as provenance says."""
+    from mlharness.submission.rules import MEASUREMENTS_FIELDS
+
+    tree = SubmitterTree(tmp_path, "open", "Acme")
+    where = tree.scenario("box", "resnet", "SingleStream")
+    perf = where / "performance" / "run_1"
+    perf.mkdir(parents=True)
+    for name in packager.PERFORMANCE_FILES:
+        (perf / name).write_text("x\n")
+    _performance_detail(perf / "mlperf_log_detail.txt", "SingleStream")
+    (perf / "mlperf_log_accuracy.json").write_text("[]\n")
+    (perf / "notes.txt").write_text("mine\n")
+    (perf / "a.log").write_text("mine too\n")
+    (where / "measurements.json").write_text(json.dumps({MEASUREMENTS_FIELDS[0]: " "}))
+    entry = {"performance": {"run_id": "p1", "overridden_protected": ["min_duration", "seed"]},
+             "accuracy": {"run_id": "a1", "overridden_protected": ["min_query_count"]}}
+    found = [(p.path, p.message, p.kind) for p in checker.check_scenario(
+        tree, where, benchmark_for("resnet50"), {str(where.relative_to(tree.base)): entry})]
+    measurements = where / "measurements.json"
+    for key in MEASUREMENTS_FIELDS:
+        assert (measurements, f"{key}: expected a non-empty value", "tree") in found
+    assert (perf, "unexpected files a.log, notes.txt (the checker compares the list)", "tree") in found
+    assert (where, "performance run p1 overrode protected settings min_duration, seed", "run") in found
+    assert (where, "accuracy run a1 overrode protected settings min_query_count", "run") in found
