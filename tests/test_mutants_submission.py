@@ -1041,3 +1041,14 @@ def test_a_scenario_folders_measurements_extra_files_and_recorded_overrides_are_
     assert (perf, "unexpected files a.log, notes.txt (the checker compares the list)", "tree") in found
     assert (where, "performance run p1 overrode protected settings min_duration, seed", "run") in found
     assert (where, "accuracy run a1 overrode protected settings min_query_count", "run") in found
+
+
+@pytest.mark.parametrize("text", ["{}", '{"entries": [5, {"run": 1}, {"folder": "results/box/resnet/Offline"}]}', "{cut",
+                                  "[]", '{"entries": null}'])
+def test_a_provenance_file_without_entries_or_unreadable_names_no_packaged_run(tmp_path: Path, text: str) -> None:
+    """src/mlharness_runs.json as found in a tree (edited, or written by another tool): read defensively."""
+    tree = SubmitterTree(tmp_path, "open", "Acme")
+    tree.src.mkdir(parents=True)
+    tree.provenance.write_text(text)
+    expected = {"results/box/resnet/Offline": {"folder": "results/box/resnet/Offline"}} if "folder" in text else {}
+    assert checker._provenance(tree) == expected

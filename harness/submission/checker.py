@@ -217,7 +217,8 @@ def _provenance(tree: SubmitterTree) -> dict[str, dict[str, Any]]:
         data = json.loads(tree.provenance.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    return {entry["folder"]: entry for entry in data.get("entries", []) if isinstance(entry, dict)}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return {entry["folder"]: entry for entry in entries or [] if isinstance(entry, dict) and "folder" in entry}
 
 
 def check_scenario(tree: SubmitterTree, where: Path, benchmark: Benchmark,
