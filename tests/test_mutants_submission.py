@@ -1052,3 +1052,23 @@ def test_a_provenance_file_without_entries_or_unreadable_names_no_packaged_run(t
     tree.provenance.write_text(text)
     expected = {"results/box/resnet/Offline": {"folder": "results/box/resnet/Offline"}} if "folder" in text else {}
     assert checker._provenance(tree) == expected
+
+
+def test_a_closed_scenario_folder_checks_its_audits_logs_against_its_own_scenario(tmp_path: Path) -> None:
+    """In the closed division each of the benchmark's audits is checked (a missing one named); an audit's
+    performance log is held to the folder's scenario. The open division checks no audit."""
+    resnet = benchmark_for("resnet50")
+    for division in ("closed", "open"):
+        tree = SubmitterTree(tmp_path / division, division, "Acme")
+        where = tree.scenario("box", "resnet", "SingleStream")
+        audit = where / "TEST04" / "performance" / "run_1"
+        audit.mkdir(parents=True)
+        _performance_detail(audit / "mlperf_log_detail.txt", "SingleStream")
+        found = [(p.path, p.message, p.kind) for p in checker.check_scenario(tree, where, resnet, {})
+                 if p.kind == "compliance" or "TEST0" in str(p.path)]
+        if division == "open":
+            assert found == []
+            continue
+        assert (where / "TEST01", "missing: closed division needs TEST01 for resnet", "compliance") in found
+        assert not [message for _, message, _ in found if "log is for scenario" in message], found
+        assert (where / "TEST04" / "verify_performance.txt", "missing: required file", "compliance") in found
