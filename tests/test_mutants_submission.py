@@ -909,11 +909,11 @@ def test_packaged_accuracy_text_is_the_headline_our_figures_then_the_full_logs_h
     txt.write_text("\naccuracy=50.000%, good=1, total=2\n\ntop5=1.0\nhash=0123\n")
     assert accuracy_txt.official_text(txt, log) == (f"accuracy=50.000%, good=1, total=2\ntop5=1.0\n"
                                                     f"hash={hashlib.sha256(b'[]' + bytes([10])).hexdigest()}\n")
-    for text, why in (("", "''"), ("top1=0.5\n", "'top1=0.5'")):
+    for text, line, why in (("", 1, "''"), ("top1=0.5\n", 1, "'top1=0.5'"), ("\n\ntop1=0.5\n", 3, "'top1=0.5'")):
         txt.write_text(text)
         with pytest.raises(UserError) as caught:
             accuracy_txt.official_text(txt, log)
-        assert str(caught.value) == (f"{txt}: line 1: expected the official headline 'accuracy=<pct>%, good=<n>, "
+        assert str(caught.value) == (f"{txt}: line {line}: expected the official headline 'accuracy=<pct>%, good=<n>, "
                                      f"total=<n>', got {why}")
     with pytest.raises(UserError) as caught:
         accuracy_txt.official_text(tmp_path / "missing.txt", log)

@@ -22,7 +22,7 @@ def official_text(run_accuracy_txt: Path, full_log: Path) -> str:
     first = next((number for number, line in enumerate(lines) if line.strip()), len(lines))
     headline = lines[first] if first < len(lines) else ""
     if not headline.startswith("accuracy="):
-        raise UserError(f"{run_accuracy_txt}: line 1: expected the official headline "
+        raise UserError(f"{run_accuracy_txt}: line {first + 1 if headline else 1}: expected the official headline "
                         f"'accuracy=<pct>%, good=<n>, total=<n>', got {headline!r}")
     # Our own figures (top5, reference checks) stay between; the hash comes last, as the tool appends it.
     extra = [line for line in lines[first + 1:] if line.strip() and not re.match(HASH_LINE, line)]
