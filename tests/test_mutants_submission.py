@@ -1072,3 +1072,26 @@ def test_a_closed_scenario_folder_checks_its_audits_logs_against_its_own_scenari
         assert (where / "TEST01", "missing: closed division needs TEST01 for resnet", "compliance") in found
         assert not [message for _, message, _ in found if "log is for scenario" in message], found
         assert (where / "TEST04" / "verify_performance.txt", "missing: required file", "compliance") in found
+
+
+def test_an_accuracy_run_on_part_of_the_dataset_or_with_a_loadgen_error_is_said_so(tmp_path: Path) -> None:
+    """The accuracy run's detail log: a run over fewer samples than the benchmark's dataset is a `dataset`
+    problem (waivable, as in the official checker), the whole dataset none; a LoadGen error is the run's, cut at
+    200 characters."""
+    resnet = benchmark_for("resnet50")
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    (folder / "mlperf_log_accuracy.json").write_text("[]\n")
+    (folder / "accuracy.txt").write_text(f"accuracy=80.000%, good=1, total=1\nhash={hashlib.sha256(b'[]' + bytes([10])).hexdigest()}\n")
+    detail = folder / "mlperf_log_detail.txt"
+
+    def problems() -> list[tuple[str, str]]:
+        return [(p.message, p.kind) for p in checker.check_accuracy(SubmitterTree(tmp_path, "open", "A"), folder, resnet)]
+
+    detail.write_text(mllog_line("qsl_reported_total_count", resnet.dataset_size))
+    assert problems() == []
+    detail.write_text(mllog_line("qsl_reported_total_count", 1024) + mllog_line("error_runtime", "y" * 300, is_error=True))
+    assert problems() == [
+        (f"LoadGen error: {('error_runtime: ' + 'y' * 300)[:200]}", "run"),
+        (f"accuracy run covers 1024 of resnet's {resnet.dataset_size} dataset samples (qsl_reported_total_count; "
+         f"--skip-dataset-size-check waives this, as in the official checker)", "dataset")]
