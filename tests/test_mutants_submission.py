@@ -1007,6 +1007,9 @@ def test_a_performance_log_as_a_submission_needs_it_has_no_problem_and_each_depa
     found = [(p.message, p.kind) for p in checker.check_performance_log(detail, "SingleStream", resnet)]
     assert found == [(f"LoadGen error: {('error_runtime: ' + 'x' * 300)[:200]}", "run"),
                      ("SingleStream: early stopping condition not met", "run")]
+    sample_count = resnet.performance_sample_count
+    assert problems(effective_performance_sample_count=sample_count - 1) == [
+        (f"performance_sample_count: expected >= {sample_count} for resnet, found {sample_count - 1}", "run")]
     # Offline is held to its query count, not to early stopping.
     offline = _performance_detail(tmp_path / "offline.txt", "Offline", early_stopping_met=None)
     assert checker.check_performance_log(offline, "Offline", resnet) == []
@@ -1095,3 +1098,15 @@ def test_an_accuracy_run_on_part_of_the_dataset_or_with_a_loadgen_error_is_said_
         (f"LoadGen error: {('error_runtime: ' + 'y' * 300)[:200]}", "run"),
         (f"accuracy run covers 1024 of resnet's {resnet.dataset_size} dataset samples (qsl_reported_total_count; "
          f"--skip-dataset-size-check waives this, as in the official checker)", "dataset")]
+
+
+@pytest.mark.parametrize("summary, said", [("Result is : VALID\n", None), ("Result is : INVALID\n", "INVALID"),
+                                           ("Scenario : Offline\n", "missing"), (None, "missing")])
+def test_a_run_is_submission_grade_only_when_its_summary_says_valid(tmp_path: Path, summary: str | None,
+                                                                   said: str | None) -> None:
+    path = tmp_path / "performance" / "run_1" / "mlperf_log_summary.txt"
+    if summary is not None:
+        path.parent.mkdir(parents=True)
+        path.write_text(summary)
+    found = packager.run_problems(runs.ScenarioRuns("null", "Offline", tmp_path))
+    assert found == ([f"{path}: LoadGen result is {said}, expected VALID"] if said else [])
