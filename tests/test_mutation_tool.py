@@ -142,3 +142,12 @@ def test_a_forked_childs_reached_functions_are_also_written_to_its_hits_file(tmp
         recorded.add(name)
     assert hits.read_text().split() == ["mlharness.running.runner.x_run_here", "mlharness.running.resolve.x_token_mode"]
     assert recorded == {"mlharness.running.runner.x_run_here", "mlharness.running.resolve.x_token_mode"}
+
+
+def test_recheck_applies_a_survivors_change_alone_or_says_it_cannot() -> None:
+    recheck = _tool("recheck")
+    diff = "--- m.py\n+++ m.py\n@@ -1,3 +1,3 @@\n def f(x):\n-    return x + 1\n+    return x - 1\n"
+    source = "import os\n\ndef f(x):\n    return x + 1\n\ndef g(x):\n    return x + 1\n"
+    assert recheck.apply_change(source, diff) == source.replace("def f(x):\n    return x + 1", "def f(x):\n    return x - 1")
+    assert recheck.apply_change(source.replace("def f", "def h"), diff) is None  # its lines are gone
+    assert recheck.apply_change(source + "\ndef f(x):\n    return x + 1\n", diff) is None  # found twice: which?

@@ -1,0 +1,95 @@
+"""Re-test a finished run's survivors against the code and tests of another revision (usually the current one).
+
+A survivor's verdict "killed by a test written after the run" rests on this: its change is applied alone to a copy
+of the module's tree at `--rev` (the run's own `prepare_tree`), the tests run there (stopping at the first
+failure), and the file is put back. A survivor whose lines are no longer in the code at `--rev` is "not applied"
+(judge it by hand). The tests must pass without any change first. The result goes to recheck.json in that copy,
+a line each is printed.
+
+    .venv/bin/python tools/mutation/recheck.py --run build/mutation/6f9d8a4/submission --module submission \\
+        --rev HEAD [--mutants GLOB ...] [--tests NODEID ...]
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run  # noqa: E402  (the driver beside this file)
+
+KILLED, SURVIVED, NOT_APPLIED = "killed", "survived", "not applied"
+
+
+def apply_change(source: str, diff: str) -> str | None:
+    """`source` with the diff's one hunk applied (its context and removed lines replaced by its context and added
+    lines), or None when those lines are not found exactly once."""
+    body = [line for line in diff.splitlines() if not line.startswith(("---", "+++", "@@"))]
+    before = "\n".join(line[1:] for line in body if line[:1] in (" ", "-"))
+    after = "\n".join(line[1:] for line in body if line[:1] in (" ", "+"))
+    return source.replace(before, after) if before and source.count(before) == 1 else None
+
+
+def recheck(tree: Path, diffs: dict[str, str], tests: list[str]) -> dict[str, str]:
+    """Each mutant's verdict in `tree` (a module's tree from prepare_tree), applied alone."""
+    verdicts: dict[str, str] = {}
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    baseline = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if baseline.returncode != 0:  # a verdict needs tests that pass without the change
+        sys.exit(f"{tree}: the tests fail without any change (exit {baseline.returncode}); output ends:\n"
+                 f"{baseline.stdout[-2000:]}")
+    for name, diff in diffs.items():
+        target = tree / diff.splitlines()[0].removeprefix("--- ").strip()
+        original = target.read_text()
+        changed = apply_change(original, diff)
+        if changed is None:
+            verdicts[name] = NOT_APPLIED
+        else:
+            try:
+                target.write_text(changed)
+                done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+            finally:
+                target.write_text(original)
+            if done.returncode not in (0, 1):  # not a verdict: the tests could not run
+                sys.exit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
+            verdicts[name] = KILLED if done.returncode == 1 else SURVIVED
+        print(f"{verdicts[name]:<12}{name}", flush=True)
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    modules = run.load_modules()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True, help="the run's tree (build/mutation/<rev>/<module>)")
+    parser.add_argument("--module", required=True, choices=sorted(modules))
+    parser.add_argument("--rev", default="HEAD", help="the revision whose code and tests judge (default: HEAD)")
+    parser.add_argument("--mutants", action="append", default=[], metavar="GLOB", help="only these survivors")
+    parser.add_argument("--tests", action="append", default=[], metavar="NODEID",
+                        help="the tests to run (default: the module's selection at --rev)")
+    parser.add_argument("--deselect", action="append", default=[], metavar="NODEID",
+                        help="leave out a test of the default selection (as for run.py)")
+    args = parser.parse_args(argv)
+    found = run.collect(args.run)
+    diffs = {name: diff for name, diff in found["diffs"].items() if found["statuses"][name] == "survived"
+             and (not args.mutants or any(fnmatch.fnmatch(name, p) for p in args.mutants))}
+    rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=run.REPO, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    if (run.OUT / rev / args.module).resolve() == args.run.resolve():
+        sys.exit(f"--rev {args.rev}: the run's own revision; its tree is the run's, which this would replace")
+    tree, selected = run.prepare_tree(args.module, modules[args.module], rev, [])
+    tests = args.tests or selected + [f"--deselect={node}" for node in args.deselect]
+    verdicts = recheck(tree, diffs, tests)
+    (tree / "recheck.json").write_text(json.dumps({"run": str(args.run), "rev": rev, "tests": tests,
+                                                   "verdicts": verdicts}, indent=2, sort_keys=True) + "\n")
+    counts = {v: list(verdicts.values()).count(v) for v in (KILLED, SURVIVED, NOT_APPLIED)}
+    print(f"{len(verdicts)} survivors at {rev}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
