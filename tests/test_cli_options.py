@@ -108,9 +108,10 @@ def test_a_scenario_folder_without_run_records_is_packaged_from_its_logs(env: di
     source = env["results"] / env["system"] / "null" / "Offline"
     copy = tmp_path / "results" / "box" / "null" / "Offline"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("run.json", "submission_steps.json"))
-    assert package(tmp_path / "results", tmp_path / "out") == 1  # the check after it: null names no benchmark
-    base = tmp_path / "out" / "open" / "Acme"
-    entry = packaged(tmp_path / "out")[("box", "null", "Offline")]
+    out = tmp_path / "not" / "yet" / "made"  # made with its parents
+    assert package(tmp_path / "results", out) == 1  # the check after it: null names no benchmark
+    base = out / "open" / "Acme"
+    entry = packaged(out)[("box", "null", "Offline")]
     assert (entry["performance"], entry["accuracy"]) == (None, None)
     readme = (base / "results" / "box" / "null" / "Offline" / "README.md").read_text()
     assert readme == "# null  — Offline\n\nMeasured with mlharness on box; backend ?; model manifest sha256 ?.\n"

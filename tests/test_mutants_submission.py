@@ -1110,3 +1110,38 @@ def test_a_run_is_submission_grade_only_when_its_summary_says_valid(tmp_path: Pa
         path.write_text(summary)
     found = packager.run_problems(runs.ScenarioRuns("null", "Offline", tmp_path))
     assert found == ([f"{path}: LoadGen result is {said}, expected VALID"] if said else [])
+
+
+def test_packaging_refuses_a_bad_division_or_submitter_and_missing_runs_naming_the_first(tmp_path: Path) -> None:
+    def refused(**options: object) -> str:
+        with pytest.raises(UserError) as caught:
+            packager.package(packager.PackageOptions(**({"division": "open", "submitter": "Acme", "out": tmp_path / "out",
+                                                         "results_dir": tmp_path / "results"} | options)))
+        return str(caught.value)
+
+    assert refused(division="mixed") == "--division: expected one of open, closed, got 'mixed'"
+    assert refused(submitter="") == "--submitter: expected a folder name, got ''"
+    assert refused(submitter="a/b") == "--submitter: expected a folder name, got 'a/b'"
+    where = tmp_path / "results" / "box" / "null" / "Offline"
+    (where / "performance" / "run_1").mkdir(parents=True)
+    first = where / "performance" / "run_1" / packager.PERFORMANCE_FILES[0]
+    assert refused() == (f"{len(packager.PERFORMANCE_FILES) + 1} problem(s); first: {first}: missing: no performance "
+                         f"run to package")
+    for name in packager.PERFORMANCE_FILES[1:]:
+        (where / "performance" / "run_1" / name).write_text("x\n")
+    assert refused() == f"2 problem(s); first: {first}: missing: no performance run to package"
+    first.write_text("Result is : INVALID\n")
+    assert refused() == f"{where / 'accuracy'}: missing: no accuracy run to package (mlharness run ... --mode accuracy)"
+    (where / "accuracy").mkdir()
+    (where / "accuracy" / "mlperf_log_accuracy.json").write_text("[]\n")
+    assert refused() == (f"refusing to package runs that are not submission-grade (1 problem(s)); first: {first}: "
+                         f"LoadGen result is INVALID, expected VALID; pass --allow-invalid to package them marked "
+                         f"NOT_FOR_SUBMISSION")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_protected_setting_of_unknown_origin_is_said_so() -> None:
+    record = _record("performance", settings={"loadgen": {"min_duration": "1", "min_query_count": "1"},
+                                              "origin": {"min_query_count": "user.conf"}})
+    assert packager._origins(record, ["min_duration", "min_query_count"]) == ["min_duration<-?",
+                                                                             "min_query_count<-user.conf"]
