@@ -1145,3 +1145,42 @@ def test_a_protected_setting_of_unknown_origin_is_said_so() -> None:
                                               "origin": {"min_query_count": "user.conf"}})
     assert packager._origins(record, ["min_duration", "min_query_count"]) == ["min_duration<-?",
                                                                              "min_query_count<-user.conf"]
+
+
+def test_a_performance_run_whose_logs_a_later_run_overwrote_is_refused_not_packaged(tmp_path: Path) -> None:
+    """The scenario folder's performance logs must be the ones the chosen performance record describes (its
+    summary, line by line); a record without a performance summary is not compared."""
+    from mlharness.records.loadgen_logs import parse_summary
+
+    where = tmp_path / "results" / "box" / "null" / "Offline"
+    summary = where / "performance" / "run_1" / "mlperf_log_summary.txt"
+    summary.parent.mkdir(parents=True)
+    summary.write_text("Scenario : Offline\nResult is : VALID\n")
+    mine = parse_summary(summary)
+    for performance, refused in ((mine, False), (mine | {"raw": {**mine["raw"], "Result is": "INVALID"}}, True),
+                                 (None, False)):
+        (where / "run.json").write_text(json.dumps(_record("performance", performance=performance).to_dict()))
+        if not refused:
+            (found,) = runs.collect(tmp_path / "results")
+            assert found.performance is not None and found.performance.run_id == "run-performance"
+            continue
+        with pytest.raises(UserError) as caught:
+            runs.collect(tmp_path / "results")
+        assert str(caught.value) == (f"{summary}: run run-performance's performance logs were overwritten by a later "
+                                     f"run; package the latest run or rerun it")
+
+
+def test_the_results_database_gives_a_scenario_folder_only_its_own_systems_runs(tmp_path: Path) -> None:
+    """The database of a results folder used from two systems (a CPU and a CUDA run of one host) holds both, and
+    other models' runs; a model's folder takes its own model's and system's records from it, never a newer other."""
+    from mlharness.store.result_store import ResultStore
+
+    results = tmp_path / "results"
+    where = results / "box" / "null" / "Offline"
+    where.mkdir(parents=True)
+    with ResultStore(results / "mlharness.sqlite") as store:
+        for run_id, model, system, started in (("mine", "null", "box", "T1"), ("theirs", "null", "box_cuda0", "T2"),
+                                               ("another-models", "tiny", "box", "T3")):
+            store.add_run(_record("performance", run_id=run_id, model={"name": model}, system_name=system,
+                                  started_at=started, results_path=str(where)))
+    assert [r.run_id for r in runs.candidate_records(results, where)] == ["mine"]
