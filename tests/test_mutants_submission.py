@@ -1184,3 +1184,22 @@ def test_the_results_database_gives_a_scenario_folder_only_its_own_systems_runs(
             store.add_run(_record("performance", run_id=run_id, model={"name": model}, system_name=system,
                                   started_at=started, results_path=str(where)))
     assert [r.run_id for r in runs.candidate_records(results, where)] == ["mine"]
+
+
+def test_system_fields_come_from_files_then_flags_and_each_bad_one_is_named(tmp_path: Path) -> None:
+    from mlharness.submission import system_json
+
+    fields = tmp_path / "fields.json"
+    fields.write_text(json.dumps({"cooling": "air", "hw_notes": "from the file"}))
+    assert system_json.parse_fields(["hw_notes = a=b ", "host_storage_type=NVMe"], [str(fields)]) == {
+        "cooling": "air", "hw_notes": "a=b", "host_storage_type": "NVMe"}
+    for item in ("cooling", "=air", " =air"):
+        with pytest.raises(UserError) as caught:
+            system_json.parse_fields([item], [])
+        assert str(caught.value) == f"--system-field {item!r}: expected KEY=VALUE"
+    for text, why in (("{cut", ": Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+                      ("[1]", "")):
+        fields.write_text(text)
+        with pytest.raises(UserError) as caught:
+            system_json.parse_fields([], [str(fields)])
+        assert str(caught.value) == f"{fields}: expected a JSON object of system description fields{why}"
