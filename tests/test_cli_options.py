@@ -102,15 +102,24 @@ def test_closed_division_refuses_a_model_that_names_no_benchmark(env: dict, tmp_
     assert list((tmp_path / "out").iterdir()) == []  # the staging folder removed, nothing written
 
 
-def test_a_scenario_folder_without_run_records_is_packaged_from_its_logs(env: dict, tmp_path: Path) -> None:
-    """Logs copied without their run records (no run.json, steps file or database): packaged as found, with the
-    system description's detected fields undetected and the README saying what is not known."""
+def test_a_scenario_folder_without_run_records_is_packaged_from_its_logs(env: dict, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Logs copied without their LoadGen run records (no run.json of one, steps file or database): packaged as
+    found, with the system description's detected fields undetected and the README saying what is not known; a
+    record of another kind found there is left out, saying so."""
     source = env["results"] / env["system"] / "null" / "Offline"
     copy = tmp_path / "results" / "box" / "null" / "Offline"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("run.json", "submission_steps.json"))
+    bricks = json.loads((source / "run.json").read_text()) | {"kind": "bricks", "run_id": "b1"}
+    (copy / "run.json").write_text(json.dumps(bricks))
     out = tmp_path / "not" / "yet" / "made"  # made with its parents
+    capsys.readouterr()
     assert package(tmp_path / "results", out) == 1  # the check after it: null names no benchmark
+    left_out = f"{copy}: run b1 left out: a 'bricks' record, not a loadgen test (a submission packages LoadGen runs only)"
+    said = capsys.readouterr().out.splitlines()
+    assert said[1:3] == ["  marked NOT_FOR_SUBMISSION (1 reason(s), see NOT_FOR_SUBMISSION.txt)", f"  {left_out}"]
     base = out / "open" / "Acme"
+    assert json.loads((base / "src" / "mlharness_runs.json").read_text())["skipped"] == [left_out]
     entry = packaged(out)[("box", "null", "Offline")]
     assert (entry["performance"], entry["accuracy"]) == (None, None)
     readme = (base / "results" / "box" / "null" / "Offline" / "README.md").read_text()

@@ -32,6 +32,8 @@ def cmd_package(args: argparse.Namespace) -> int:
     if result.not_for_submission:
         print(f"  marked NOT_FOR_SUBMISSION ({len(result.not_for_submission)} reason(s), see "
               f"{result.tree.marker.name})")
+    for reason in result.skipped:
+        print(f"  {reason}")
     if result.undetected_fields:
         print(f"  system fields not detected (set with --system-field KEY=VALUE): "
               f"{', '.join(result.undetected_fields)}")
