@@ -1203,3 +1203,20 @@ def test_system_fields_come_from_files_then_flags_and_each_bad_one_is_named(tmp_
         with pytest.raises(UserError) as caught:
             system_json.parse_fields([], [str(fields)])
         assert str(caught.value) == f"{fields}: expected a JSON object of system description fields{why}"
+
+
+def test_a_sessions_steps_file_gives_its_runs_records_and_pins_pick_by_mode(tmp_path: Path) -> None:
+    """Without a database, the performance run's record may be only in the session's steps file (run.json holds the
+    later accuracy run's): both are candidates. A pinned run replaces the run of its own mode only; a pin that is
+    not in this folder does not stop the next one."""
+    where = tmp_path / "results" / "box" / "null" / "Offline"
+    where.mkdir(parents=True)
+    perf, acc = _record("performance", started_at="T1"), _record("accuracy", started_at="T2")
+    older = _record("accuracy", run_id="run-older", started_at="T0")
+    (where / runs.STEPS_FILE).write_text(json.dumps({"schema_version": 1, "records": {"performance": perf.to_dict()}}))
+    (where / "run.json").write_text(json.dumps(acc.to_dict()))
+    found = runs.candidate_records(tmp_path / "results", where)
+    assert [r.run_id for r in found] == ["run-accuracy", "run-performance"]
+    chosen = runs.ScenarioRuns("null", "Offline", where, performance=perf, accuracy=acc)
+    assert runs._apply_pins(chosen, found + [older], ["elsewhere", "run-older"]) == {"run-older"}
+    assert (chosen.performance.run_id, chosen.accuracy.run_id) == ("run-performance", "run-older")
