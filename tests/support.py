@@ -218,9 +218,9 @@ def null_model_with(folder: Path, *, preprocess: str | None = None, postprocess:
     text = (REPO / "specs" / "models" / "null.yaml").read_text()
     if preprocess is not None:
         start, end = text.index("preprocess: |"), text.index("attributes:")
-        text = text[:start] + "preprocess: |\n" + _block(preprocess) + text[end:]
+        text = text[:start] + "preprocess: |\n" + yaml_block(preprocess) + text[end:]
     if postprocess is not None:
-        text = text.replace("attributes:", "postprocess: |\n" + _block(postprocess) + "attributes:", 1)
+        text = text.replace("attributes:", "postprocess: |\n" + yaml_block(postprocess) + "attributes:", 1)
     text = text.replace('name: "null"', f'name: "{name}"', 1)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
@@ -228,7 +228,7 @@ def null_model_with(folder: Path, *, preprocess: str | None = None, postprocess:
     return path
 
 
-def _block(code: str) -> str:
+def yaml_block(code: str) -> str:
     """Code as the body of a YAML block scalar under a top-level key."""
     return "".join(f"  {line}\n" for line in code.splitlines())
 

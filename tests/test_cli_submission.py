@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.store.result_store import ResultStore
-from tests.support import REPO, run_cli, wait_for
+from tests.support import REPO, run_cli, wait_for, yaml_block
 
 MODEL = "null-resnet"
 SESSION = ("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--quick", "--set", "target_qps=20000")
@@ -157,8 +157,7 @@ def specs_with_postprocess(session: dict, tmp_path: Path, code: str) -> Path:
     specs = tmp_path / "specs"
     shutil.copytree(session["specs"], specs)
     model = specs / "models" / f"{MODEL}.yaml"
-    block = "postprocess: |\n" + "".join(f"  {line}\n" for line in code.splitlines())
-    model.write_text(model.read_text().replace("attributes:", block + "attributes:", 1))
+    model.write_text(model.read_text().replace("attributes:", "postprocess: |\n" + yaml_block(code) + "attributes:", 1))
     return specs
 
 

@@ -21,7 +21,7 @@ from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, packager, runs, session
 from mlharness.submission.layout import SubmitterTree, find_trees
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
-from tests.support import REPO, detail_log, mllog_line, run_cli, scenario_root
+from tests.support import REPO, detail_log, mllog_line, run_cli, scenario_root, sha256
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -756,28 +756,25 @@ def test_packaged_sources_hold_each_manifest_the_runs_named_with_its_hash_then_a
     specs.mkdir()
     dataset, software, reference = specs / "d.yaml", specs / "s.yaml", specs / "r.yaml"
     dataset.write_text("kind: dataset\n")
-    at_run = hashlib.sha256(dataset.read_bytes()).hexdigest()
+    at_run = sha256(dataset)
     dataset.write_text("kind: dataset\n# edited after the run\n")
     software.write_text("kind: software\n")
     reference.write_text("kind: reference\n")
 
-    def ref(path: Path, sha256: str | None) -> dict:
-        return {"name": path.stem, "version": "1", "sha256": sha256, "path": str(path)}
-
-    def now(path: Path) -> str:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+    def ref(path: Path, recorded: str | None) -> dict:
+        return {"name": path.stem, "version": "1", "sha256": recorded, "path": str(path)}
 
     record = _record("performance", model={"name": "gone", "path": str(tmp_path / "gone.yaml")}, dataset=ref(dataset, at_run),
-                     hardware={"name": "cpu"}, software={"manifest": ref(software, now(software))},
+                     hardware={"name": "cpu"}, software={"manifest": ref(software, sha256(software))},
                      reference=ref(reference, None))
     tree = SubmitterTree(tmp_path / "out", "open", "Acme")
     packager._copy_sources(tree, [record])
     assert json.loads((tree.src / "manifests.json").read_text()) == {
-        "specs/datasets/d.yaml": {"name": "d", "version": "1", "sha256_at_run": at_run, "sha256_now": now(dataset),
+        "specs/datasets/d.yaml": {"name": "d", "version": "1", "sha256_at_run": at_run, "sha256_now": sha256(dataset),
                                   "changed_since_run": True},
-        "specs/software/s.yaml": {"name": "s", "version": "1", "sha256_at_run": now(software),
-                                  "sha256_now": now(software), "changed_since_run": False},
-        "specs/references/r.yaml": {"name": "r", "version": "1", "sha256_at_run": None, "sha256_now": now(reference),
+        "specs/software/s.yaml": {"name": "s", "version": "1", "sha256_at_run": sha256(software),
+                                  "sha256_now": sha256(software), "changed_since_run": False},
+        "specs/references/r.yaml": {"name": "r", "version": "1", "sha256_at_run": None, "sha256_now": sha256(reference),
                                     "changed_since_run": False}}
     assert sorted(str(p.relative_to(tree.src / "specs")) for p in (tree.src / "specs").rglob("*.yaml")) == [
         "datasets/d.yaml", "references/r.yaml", "software/s.yaml"]
@@ -908,7 +905,7 @@ def test_packaged_accuracy_text_is_the_headline_our_figures_then_the_full_logs_h
     txt = tmp_path / "accuracy.txt"
     txt.write_text("\naccuracy=50.000%, good=1, total=2\n\ntop5=1.0\nhash=0123\n")
     assert accuracy_txt.official_text(txt, log) == (f"accuracy=50.000%, good=1, total=2\ntop5=1.0\n"
-                                                    f"hash={hashlib.sha256(b'[]' + bytes([10])).hexdigest()}\n")
+                                                    f"hash={sha256(log)}\n")
     for text, line, why in (("", 1, "''"), ("top1=0.5\n", 1, "'top1=0.5'"), ("\n\ntop1=0.5\n", 3, "'top1=0.5'")):
         txt.write_text(text)
         with pytest.raises(UserError) as caught:
@@ -1085,7 +1082,8 @@ def test_an_accuracy_run_on_part_of_the_dataset_or_with_a_loadgen_error_is_said_
     folder = tmp_path / "acc"
     folder.mkdir()
     (folder / "mlperf_log_accuracy.json").write_text("[]\n")
-    (folder / "accuracy.txt").write_text(f"accuracy=80.000%, good=1, total=1\nhash={hashlib.sha256(b'[]' + bytes([10])).hexdigest()}\n")
+    (folder / "accuracy.txt").write_text(f"accuracy=80.000%, good=1, total=1\n"
+                                         f"hash={sha256(folder / 'mlperf_log_accuracy.json')}\n")
     detail = folder / "mlperf_log_detail.txt"
 
     def problems() -> list[tuple[str, str]]:
