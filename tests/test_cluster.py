@@ -342,7 +342,7 @@ def test_ctrl_c_cancels_what_runs_keeps_what_finished_and_resume_runs_the_rest(c
     try:
         wait_for(lambda: not left(), "the cancelled cells' processes and scratch folders gone from the nodes")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; left: {left()}") from None
+        raise AssertionError(f"{exc}; left: {left()}; the driver said: {err[-2000:]}") from None
     if stop != signal.SIGINT:
         return  # what a resume does after the stop is the same whichever signal stopped it: run once, for SIGINT
 

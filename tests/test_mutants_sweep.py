@@ -316,6 +316,7 @@ class ScriptedSlots:
     entry per try: its CellEvent's fields (result, seconds, where, again, stops), None (it never started),
     or a signal, sent to this process while the job runs. The labels in `unplaceable` end at placing,
     failed. stop() answers `stopped`. Each wait notes the statuses the sweep's table holds then (`seen`)."""
+    runs_elsewhere = True
 
     def __init__(self, db: Path, script: dict[str, list[Any]], total: int, *, width: int = 1,
                  unplaceable: tuple[str, ...] = (), stopped: tuple[list[CellEvent], int | None] = ([], None),
@@ -455,6 +456,50 @@ def test_a_signal_while_ended_cells_are_recorded_stops_the_sweep_once_all_are(tm
         assert [row["run_id"] for row in cell_rows(db, "s")] == ["r-a", "r-b"] and slots.placed == ["a", "b"]
 
 
+class SignalWhilePlacing(ScriptedSlots):
+    """Slots that get SIGINT while they start their first job, before they know it as running (a cluster's
+    task submitted, its reference not yet kept); stop() cancels what they know as running."""
+
+    def place(self, waiting: deque[CellJob]) -> list[CellEvent]:
+        if waiting and not self.placed:
+            job = waiting.popleft()
+            os.kill(os.getpid(), signal.SIGINT)
+            self.running.append(job)
+            self.placed.append(job.label)
+        return []
+
+    def stop(self) -> tuple[list[CellEvent], int | None]:
+        return [], len(self.running)
+
+
+def test_a_signal_while_a_cell_is_placed_waits_until_it_is_known_and_then_cancels_it(tmp_path: Path) -> None:
+    """Else the cell started in the middle would be neither waited for nor cancelled: the driver's exit
+    would kill its task on the node half-way, leaving its scratch folder there (a CI run's SIGTERM test)."""
+    with signals_of_a_terminal():
+        db = tmp_path / "db.sqlite"
+        slots = SignalWhilePlacing(db, {}, 2)
+        with pytest.raises(RunInterrupted) as stopped:
+            run_cells(jobs_of(db, "a", "b"), slots, "s", db)
+        assert str(stopped.value) == ("sweep s interrupted; 0 cell run(s) recorded, 1 cancelled on their nodes; "
+                                      "resume with the same command")
+        assert slots.placed == ["a"] and slots.seen == []  # stopped before any wait
+
+
+def test_a_signal_while_cells_elsewhere_are_collected_waits_until_the_ended_ones_are_recorded(tmp_path: Path) -> None:
+    """Cells that run elsewhere: the signal comes while the slots collect what ended (b's run says so
+    after a's event is made); a's run is recorded before the sweep stops, b's cancelled."""
+    with signals_of_a_terminal():
+        db = tmp_path / "db.sqlite"
+        a, b = jobs = jobs_of(db, "a", "b")
+        slots = ScriptedSlots(db, {"a": [{"result": ok("r-a"), "seconds": 1.0}], "b": [signal.SIGTERM]}, 2, width=2,
+                              stopped=([], 1))
+        with pytest.raises(RunInterrupted) as stopped:
+            run_cells(jobs, slots, "s", db)
+        assert (str(stopped.value), stopped.value.exit_status) == (
+            "sweep s interrupted; 1 cell run(s) recorded, 1 cancelled on their nodes; resume with the same command", 143)
+        assert [(row["cell_key"], row["run_id"]) for row in cell_rows(db, "s")] == [(a.cell.key, "r-a")]
+
+
 # ---- _StopSignals -----------------------------------------------------------------------------------
 
 def test_inside_the_block_sigint_and_sigterm_stop_the_sweep_and_sigterm_is_remembered() -> None:
@@ -513,6 +558,13 @@ def test_a_signal_while_holding_waits_for_the_block_and_not_at_all_when_already_
                 pass
             with pytest.raises(KeyboardInterrupt):  # outside a holding block: at once
                 os.kill(os.getpid(), signal.SIGINT)
+            went_on.clear()
+            with pytest.raises(KeyboardInterrupt):
+                with signals.holding():
+                    with signals.holding():  # nested: the outermost block raises it
+                        os.kill(os.getpid(), signal.SIGINT)
+                    went_on.append("the outer block went on")
+            assert went_on == ["the outer block went on"]
 
 
 def test_outside_the_main_thread_the_callers_handlers_stay() -> None:

@@ -90,6 +90,7 @@ class _TwoEndTogether:
     """Slots whose two cells end in the same wait, so that the sweep records them one after the other;
     `signal_at` sends a signal to this process while the first one's line is printed (after its row is
     written, before the second's)."""
+    runs_elsewhere = False
 
     def __init__(self, jobs: list[CellJob], signal_at: signal.Signals):
         self.signal_at, self.jobs, self.ended = signal_at, jobs, False

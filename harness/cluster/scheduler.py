@@ -150,6 +150,7 @@ def node_slots(jobs: list[CellJob], options: Any, grid: Any, stream: TextIO) -> 
 class NodeSlots:
     """The cluster's slots (mlharness.sweeps.cell_loop.CellSlots): placement on the nodes, a lost
     node's cell given back to run again, a cell its node did not stop cancelled past its timeout."""
+    runs_elsewhere = True
 
     def __init__(self, ray: Any, placements: dict[CellJob, Placement], nodes: dict[str, Node],
                  progress: ClusterSteps, launcher: RayLauncher):

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -69,6 +69,10 @@ class CellOutcome:
 class CellSlots(Protocol):
     """Where a sweep's cells run, as many at once as there are free slots."""
     progress: Steps
+    # The cells run outside this process (a cluster's nodes): next_done only waits a moment and collects
+    # what ended, and a signal waits until that is recorded. False: next_done runs the cell here, under a
+    # launcher that takes the signals itself while the run is on.
+    runs_elsewhere: bool
 
     def place(self, waiting: deque[CellJob]) -> list[CellEvent]:
         """Start the waiting jobs that a free slot takes (taking them off `waiting`); events for those
@@ -122,9 +126,14 @@ def run_cells(jobs: list[CellJob], slots: CellSlots, sweep_id: str, db_path: Pat
         with slots.progress:
             try:
                 while loop.waiting or slots.busy():
-                    loop.handle(slots.place(loop.waiting))
+                    # A signal waits for the placing to end: a cell started in the middle of it would be
+                    # neither waited for nor cancelled (the driver's exit then kills its task half-way,
+                    # leaving its scratch folder on the node).
+                    with signals.holding():
+                        loop.handle(slots.place(loop.waiting))
                     if loop.waiting or slots.busy():  # else every job ended at placing (no slot can take it)
-                        loop.handle(slots.next_done())
+                        with signals.holding() if slots.runs_elsewhere else nullcontext():
+                            loop.handle(slots.next_done())
             except KeyboardInterrupt:
                 events, cancelled = slots.stop()
                 loop.handle(events, stopping=True)
@@ -137,14 +146,15 @@ class _StopSignals:
     (any other comes out as a SystemError). Without this SIGTERM would end the process by Python's
     default, or Ray's sys.exit on a cluster's driver, with nothing cancelled or said.
 
-    While the ended cells are being recorded (`holding`), a signal waits until they are: an interrupt
-    in the middle would leave a cell that has run neither recorded nor cancelled. A SIGINT the process
+    While cells are placed or the ended ones collected and recorded (`holding`, which nests), a signal
+    waits until they are: an interrupt in the middle would leave a cell that has run, or runs, neither
+    recorded nor cancelled. A SIGINT the process
     ignores (a background job's) or handles its own way stays so, and outside the main thread signals
     cannot be caught: the caller's handlers stay."""
 
     def __init__(self) -> None:
         self.terminated = False  # SIGTERM came (the exit status says which signal stopped the sweep)
-        self._holding = False
+        self._holding = 0  # how many holding blocks are open
         self._held = False
         self._previous: dict[int, Any] = {}
 
@@ -169,13 +179,15 @@ class _StopSignals:
 
     @contextmanager
     def holding(self, stopping: bool = False) -> Iterator[None]:
-        """Signals wait for the block; one that came raises KeyboardInterrupt after it, unless the sweep
-        is already stopping."""
-        self._holding = True
+        """Signals wait for the block; one that came raises KeyboardInterrupt after the outermost block,
+        unless the sweep is already stopping."""
+        self._holding += 1
         try:
             yield
         finally:
-            self._holding = False
+            self._holding -= 1
+        if self._holding:
+            return
         held, self._held = self._held, False
         if held and not stopping:
             raise KeyboardInterrupt()
@@ -226,6 +238,7 @@ class LocalSlots:
     LocalLauncher writing the run's output to a file kept for a failed cell, and the record to the
     sweep's database). SIGINT or SIGTERM while a cell runs reaches the launcher, which stops the run
     and comes back with its exit status: that cell is recorded, and the sweep stops."""
+    runs_elsewhere = False
 
     def __init__(self, launcher_for: Callable[[Path], Launcher], progress: Steps):
         self.launcher_for = launcher_for  # a launcher that writes the run's output to this file
