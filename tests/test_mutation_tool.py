@@ -151,3 +151,24 @@ def test_recheck_applies_a_survivors_change_alone_or_says_it_cannot() -> None:
     assert recheck.apply_change(source, diff) == source.replace("def f(x):\n    return x + 1", "def f(x):\n    return x - 1")
     assert recheck.apply_change(source.replace("def f", "def h"), diff) is None  # its lines are gone
     assert recheck.apply_change(source + "\ndef f(x):\n    return x + 1\n", diff) is None  # found twice: which?
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_recheck_gives_each_survivor_its_verdict_from_the_tests_whether_side_by_side_or_not(tmp_path: Path,
+                                                                                           jobs: int) -> None:
+    """A tree whose test checks f only: f's change is killed, g's survives, a change of lines no longer there
+    is not applied; each file is put back, and the copies made for the jobs are gone after."""
+    recheck = _tool("recheck")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    source = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x * 2\n"
+    (tree / "m.py").write_text(source)
+    (tree / "test_m.py").write_text("from m import f\n\n\ndef test_f():\n    assert f(1) == 2\n")
+    diffs = {"m.x_f__mutmut_1": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def f(x):\n-    return x + 1\n+    return x - 1\n",
+             "m.x_g__mutmut_1": "--- m.py\n+++ m.py\n@@ -5,2 +5,2 @@\n def g(x):\n-    return x * 2\n+    return x * 3\n",
+             "m.x_h__mutmut_1": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def h(x):\n-    return x\n+    return None\n"}
+    verdicts = recheck.recheck(tree, diffs, ["test_m.py"], jobs)
+    assert verdicts == {"m.x_f__mutmut_1": "killed", "m.x_g__mutmut_1": "survived", "m.x_h__mutmut_1": "not applied"}
+    assert list(verdicts) == list(diffs)  # in the run's order, whoever judged each
+    assert (tree / "m.py").read_text() == source
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]

@@ -7,7 +7,7 @@ failure), and the file is put back. A survivor whose lines are no longer in the 
 a line each is printed.
 
     .venv/bin/python tools/mutation/recheck.py --run build/mutation/6f9d8a4/submission --module submission \\
-        --rev HEAD [--mutants GLOB ...] [--tests NODEID ...]
+        --rev HEAD [--mutants GLOB ...] [--tests NODEID ...] [--jobs N]
 """
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import argparse
 import fnmatch
 import json
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,15 +36,33 @@ def apply_change(source: str, diff: str) -> str | None:
     return source.replace(before, after) if before and source.count(before) == 1 else None
 
 
-def recheck(tree: Path, diffs: dict[str, str], tests: list[str]) -> dict[str, str]:
-    """Each mutant's verdict in `tree` (a module's tree from prepare_tree), applied alone."""
-    verdicts: dict[str, str] = {}
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def recheck(tree: Path, diffs: dict[str, str], tests: list[str], jobs: int = 1) -> dict[str, str]:
+    """Each mutant's verdict in `tree` (a module's tree from prepare_tree), applied alone; with `jobs` > 1,
+    that many copies of the tree each take their share of the mutants, side by side."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    baseline = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    baseline = subprocess.run(command, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
+                              text=True)
     if baseline.returncode != 0:  # a verdict needs tests that pass without the change
         sys.exit(f"{tree}: the tests fail without any change (exit {baseline.returncode}); output ends:\n"
                  f"{baseline.stdout[-2000:]}")
+    trees = [tree] + [tree.with_name(f"{tree.name}-{i}") for i in range(1, jobs)]
+    for copy in trees[1:]:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(tree, copy, symlinks=True)
+    names = list(diffs)
+    with ThreadPoolExecutor(len(trees)) as pool:
+        shares = pool.map(lambda i: _recheck_in(trees[i], {n: diffs[n] for n in names[i::len(trees)]}, command),
+                          range(len(trees)))
+        verdicts = {name: verdict for share in shares for name, verdict in share.items()}
+    for copy in trees[1:]:
+        shutil.rmtree(copy, ignore_errors=True)
+    return {name: verdicts[name] for name in names}
+
+
+def _recheck_in(tree: Path, diffs: dict[str, str], command: list[str]) -> dict[str, str]:
+    """The verdicts of these mutants, one after the other in this tree."""
+    verdicts: dict[str, str] = {}
+    env = dict(os.environ, PYTHONPATH=str(tree))
     for name, diff in diffs.items():
         target = tree / diff.splitlines()[0].removeprefix("--- ").strip()
         original = target.read_text()
@@ -56,7 +76,7 @@ def recheck(tree: Path, diffs: dict[str, str], tests: list[str]) -> dict[str, st
             finally:
                 target.write_text(original)
             if done.returncode not in (0, 1):  # not a verdict: the tests could not run
-                sys.exit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
+                raise SystemExit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
             verdicts[name] = KILLED if done.returncode == 1 else SURVIVED
         print(f"{verdicts[name]:<12}{name}", flush=True)
     return verdicts
@@ -73,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tests to run (default: the module's selection at --rev)")
     parser.add_argument("--deselect", action="append", default=[], metavar="NODEID",
                         help="leave out a test of the default selection (as for run.py)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants tested side by side, each in its own copy of the tree")
     args = parser.parse_args(argv)
     found = run.collect(args.run)
     diffs = {name: diff for name, diff in found["diffs"].items() if found["statuses"][name] == "survived"
@@ -83,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--rev {args.rev}: the run's own revision; its tree is the run's, which this would replace")
     tree, selected = run.prepare_tree(args.module, modules[args.module], rev, [])
     tests = args.tests or selected + [f"--deselect={node}" for node in args.deselect]
-    verdicts = recheck(tree, diffs, tests)
+    verdicts = recheck(tree, diffs, tests, max(1, args.jobs))
     (tree / "recheck.json").write_text(json.dumps({"run": str(args.run), "rev": rev, "tests": tests,
                                                    "verdicts": verdicts}, indent=2, sort_keys=True) + "\n")
     counts = {v: list(verdicts.values()).count(v) for v in (KILLED, SURVIVED, NOT_APPLIED)}
