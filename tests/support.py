@@ -212,15 +212,18 @@ def linear_torch_model(name: str, *, sources: str = "", target_qps: int = 500, a
 
 
 def null_model_with(folder: Path, *, preprocess: str | None = None, postprocess: str | None = None,
-                    name: str = "null") -> Path:
+                    name: str = "null", benchmark: str | None = None) -> Path:
     """The shipped null model with other code (same name unless told, so it publishes where a null run
-    does), written under a name of its own text so two variants never overwrite each other."""
+    does) and naming `benchmark` as its mlperf_benchmark if given, written under a name of its own text
+    so two variants never overwrite each other."""
     text = (REPO / "specs" / "models" / "null.yaml").read_text()
     if preprocess is not None:
         start, end = text.index("preprocess: |"), text.index("attributes:")
         text = text[:start] + "preprocess: |\n" + yaml_block(preprocess) + text[end:]
     if postprocess is not None:
         text = text.replace("attributes:", "postprocess: |\n" + yaml_block(postprocess) + "attributes:", 1)
+    if benchmark is not None:
+        text = text.replace("attributes:", f"mlperf_benchmark: {benchmark}\nattributes:", 1)
     text = text.replace('name: "null"', f'name: "{name}"', 1)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.submission.rules import BENCHMARKS
-from tests.support import copy_specs, run_cli, run_new
+from tests.support import copy_specs, null_model_with, run_cli, run_new
 
 MODEL = "null-resnet"  # the null model named with an mlperf_benchmark, as tests/test_cli_submission.py makes it
 
@@ -29,10 +29,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict:
     SingleStream (performance, accuracy), and plain null Offline (performance, accuracy)."""
     root = tmp_path_factory.mktemp("package-options")
     specs = copy_specs(root / "specs")
-    text = (specs / "models" / "null.yaml").read_text()
-    text = text.replace('name: "null"\n', f"name: {MODEL}\n", 1).replace(
-        "attributes:", "mlperf_benchmark: resnet50\nattributes:", 1)
-    (specs / "models" / f"{MODEL}.yaml").write_text(text)
+    null_model_with(specs / "models", name=MODEL, benchmark="resnet50")
     results = root / "results"
     ids: dict[str, str] = {}
     with pytest.MonkeyPatch.context() as patch:

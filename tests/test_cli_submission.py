@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlharness.store.result_store import ResultStore
-from tests.support import REPO, run_cli, wait_for, yaml_block
+from tests.support import REPO, null_model_with, run_cli, wait_for, yaml_block
 
 MODEL = "null-resnet"
 SESSION = ("submission", "run", "--model", MODEL, "--scenarios", "Offline", "--quick", "--set", "target_qps=20000")
@@ -28,15 +28,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("submission-cli")
     specs = root / "specs"
     shutil.copytree(REPO / "specs", specs)
-    text = (specs / "models" / "null.yaml").read_text()
-    text = text.replace('name: "null"\n', f"name: {MODEL}\n", 1).replace("attributes:", "mlperf_benchmark: resnet50\n"
-                                                                                      "attributes:", 1)
-    (specs / "models" / f"{MODEL}.yaml").write_text(text)
+    manifest = null_model_with(specs / "models", name=MODEL, benchmark="resnet50")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLHARNESS_SPECS", str(specs))
         results = root / "results"
         assert run_cli(*SESSION, "--results-dir", results) == 0
-        yield {"root": root, "specs": specs, "results": results}
+        yield {"root": root, "specs": specs, "manifest": manifest.name, "results": results}
 
 
 @pytest.fixture
@@ -156,7 +153,7 @@ def specs_with_postprocess(session: dict, tmp_path: Path, code: str) -> Path:
     """A copy of the session's specs whose model runs `code` (defining postprocess(outputs, ctx)) on each answer."""
     specs = tmp_path / "specs"
     shutil.copytree(session["specs"], specs)
-    model = specs / "models" / f"{MODEL}.yaml"
+    model = specs / "models" / session["manifest"]
     model.write_text(model.read_text().replace("attributes:", "postprocess: |\n" + yaml_block(code) + "attributes:", 1))
     return specs
 

@@ -21,7 +21,7 @@ from mlharness.running.request import RunRequest
 from mlharness.submission import accuracy_txt, checker, compliance, packager, runs, session
 from mlharness.submission.layout import SubmitterTree, find_trees
 from mlharness.submission.rules import BENCHMARKS, COMPLIANCE_FILES, SCENARIOS, benchmark_for, required_scenarios
-from tests.support import REPO, detail_log, mllog_line, run_cli, scenario_root, sha256
+from tests.support import detail_log, mllog_line, null_model_with, run_cli, scenario_root, sha256
 
 
 def _accuracy_log(path: Path, *entries: tuple[int, str]) -> Path:
@@ -661,22 +661,11 @@ def _record(mode: str, **fields: object) -> RunRecord:
     return RunRecord(**(base | fields))
 
 
-def _null_manifest(folder: Path, benchmark: str | None) -> Path:
-    """The null model's manifest, naming `benchmark` as its mlperf_benchmark (or none)."""
-    text = (REPO / "specs" / "models" / "null.yaml").read_text()
-    if benchmark is not None:
-        text = text.replace("attributes:", f"mlperf_benchmark: {benchmark}\nattributes:", 1)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"null-{benchmark}.yaml"
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.parametrize("benchmark, official", [("resnet", "resnet"), ("resnet50", "resnet"), ("bogus", None),
                                                  (None, None)])
 def test_a_runs_benchmark_is_its_model_manifests_official_name_or_alias(tmp_path: Path, benchmark: str | None,
                                                                         official: str | None) -> None:
-    model = {"name": "null", "path": str(_null_manifest(tmp_path, benchmark))}
+    model = {"name": "null", "path": str(null_model_with(tmp_path, benchmark=benchmark))}
     assert packager._benchmark_of(_record("performance", model=model)) == official
 
 

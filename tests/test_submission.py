@@ -23,7 +23,7 @@ from mlharness.submission.rules import (
     SYSTEM_FIELDS,
     VIEWABLE_SIZE,
 )
-from tests.support import copy_specs, detail_log, read_run, run_cli
+from tests.support import copy_specs, detail_log, null_model_with, read_run, run_cli
 
 MODEL = "null-resnet"
 HEADLINE = re.compile(r"^accuracy=\d+\.\d{3}%, good=\d+, total=\d+$")
@@ -54,12 +54,10 @@ def _session_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model is the null model named as ResNet-50, so the tree has a benchmark to map to."""
     root = tmp_path_factory.mktemp("submission")
     specs = copy_specs(root / "specs")
-    text = (specs / "models" / "null.yaml").read_text().replace('name: "null"\n', f"name: {MODEL}\n", 1)
+    manifest = null_model_with(specs / "models", name=MODEL, benchmark="resnet50")
     hint = "Offline: {target_qps: 1000000}"
-    assert hint in text
-    text = text.replace(hint, "Offline: {target_qps: 40}")
-    (specs / "models" / "null-resnet.yaml").write_text(text.replace("attributes:", "mlperf_benchmark: resnet50\n"
-                                                                                   "attributes:", 1))
+    assert hint in manifest.read_text()
+    manifest.write_text(manifest.read_text().replace(hint, "Offline: {target_qps: 40}"))
     (root / "user.conf").write_text(USER_CONF)
     results = root / "results"
     err = io.StringIO()
@@ -170,7 +168,8 @@ def test_package_writes_every_required_file_and_field(session: Path, tmp_path: P
     # package folder: an installed wheel (test_install.py) or mutation testing's tree.
     code = base / "src" / "mlharness"
     assert (code / "harness" / "running" / "runner.py").is_file() or (code / "running" / "runner.py").is_file()
-    assert (base / "src" / "specs" / "models" / "null-resnet.yaml").is_file()
+    assert [p.read_text() for p in (base / "src" / "specs" / "models").glob(f"{MODEL}-*.yaml")] == [
+        next((session.parent / "specs" / "models").glob(f"{MODEL}-*.yaml")).read_text()]
     assert json.loads((base / "model_mapping.json").read_text()) == {MODEL: "resnet"}
     assert "overrode protected settings min_duration" in (base / "NOT_FOR_SUBMISSION.txt").read_text()
     system = json.loads((base / "systems" / "tiny-box.json").read_text())
