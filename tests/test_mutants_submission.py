@@ -979,7 +979,9 @@ def test_a_performance_log_as_a_submission_needs_it_has_no_problem_and_each_depa
 
     def problems(**changed: object) -> list[tuple[str, str]]:
         detail = _performance_detail(tmp_path / "mlperf_log_detail.txt", "SingleStream", **changed)
-        return [(p.message, p.kind) for p in checker.check_performance_log(detail, "SingleStream", resnet)]
+        found = checker.check_performance_log(detail, "SingleStream", resnet)
+        assert all(p.path == detail for p in found)  # each problem names the log it is in
+        return [(p.message, p.kind) for p in found]
 
     assert problems() == []
     assert problems(result_validity=None) == [("LoadGen marked the run unknown, expected VALID", "run")]
@@ -1000,8 +1002,8 @@ def test_a_performance_log_as_a_submission_needs_it_has_no_problem_and_each_depa
     offline = _performance_detail(tmp_path / "offline.txt", "Offline", early_stopping_met=None)
     assert checker.check_performance_log(offline, "Offline", resnet) == []
     offline = _performance_detail(tmp_path / "offline.txt", "Offline", effective_min_query_count=0)
-    assert [(p.message, p.kind) for p in checker.check_performance_log(offline, "Offline", resnet)] == [
-        ("min_query_count: expected >= 1", "run")]
+    assert [(p.path, p.message, p.kind) for p in checker.check_performance_log(offline, "Offline", resnet)] == [
+        (offline, "min_query_count: expected >= 1", "run")]
 
 
 def test_a_scenario_folders_measurements_extra_files_and_recorded_overrides_are_each_a_problem(tmp_path: Path) -> None:
