@@ -1209,3 +1209,73 @@ def test_a_sessions_steps_file_gives_its_runs_records_and_pins_pick_by_mode(tmp_
     chosen = runs.ScenarioRuns("null", "Offline", where, performance=perf, accuracy=acc)
     assert runs._apply_pins(chosen, found + [older], ["elsewhere", "run-older"]) == {"run-older"}
     assert (chosen.performance.run_id, chosen.accuracy.run_id) == ("run-performance", "run-older")
+
+
+def test_a_folder_name_is_its_benchmark_when_the_mapping_does_not_name_it() -> None:
+    assert benchmark_for("resnet", {"my-bert": "bert-99"}) is BENCHMARKS["resnet"]
+    assert benchmark_for("my-bert", {"my-bert": "bert-99"}) is BENCHMARKS["bert-99"]
+
+
+def _scenario_with(results: Path, where: str, *records: RunRecord, logs: tuple[str, ...] = ("performance",)) -> Path:
+    """results/<where> holding these records (the last one in run.json, the others in the steps file by mode)
+    and the named log folders."""
+    folder = results / where
+    folder.mkdir(parents=True)
+    for logs_folder in logs:
+        (folder / logs_folder).mkdir()
+    *steps, latest = records
+    if steps:
+        (folder / runs.STEPS_FILE).write_text(json.dumps({"schema_version": 1,
+                                                          "records": {r.mode: r.to_dict() for r in steps}}))
+    (folder / "run.json").write_text(json.dumps(latest.to_dict()))
+    return folder
+
+
+def test_collect_walks_visible_scenario_folders_that_hold_logs_and_keeps_every_one(tmp_path: Path) -> None:
+    """Folders starting with a dot (a hidden system, a run's staging folder) are not walked; a scenario folder
+    without performance/ or accuracy/ is passed over without ending the walk; one with accuracy/ only is
+    packaged with its accuracy run."""
+    results = tmp_path / "results"
+    with pytest.raises(UserError) as caught:
+        runs.collect(results)  # not even made yet
+    assert str(caught.value) == f"{results}: no recorded runs match (model any, scenarios any)"
+    _scenario_with(results, "box/null/MultiStream", _record("performance", run_id="none-here"), logs=())
+    _scenario_with(results, "box/null/Offline", _record("accuracy", run_id="acc-only"), logs=("accuracy",))
+    _scenario_with(results, "box/null/.staging-x", _record("performance", run_id="staged"))
+    _scenario_with(results, ".old-box/null/Offline", _record("performance", run_id="hidden-system"))
+    _scenario_with(results, "box/null/SingleStream", _record("performance", run_id="ss", scenario="SingleStream"))
+    found = runs.collect(results)
+    assert [(r.scenario, r.performance and r.performance.run_id, r.accuracy and r.accuracy.run_id) for r in found] == [
+        ("Offline", None, "acc-only"), ("SingleStream", "ss", None)]
+
+
+def test_pins_and_left_out_records_count_across_every_scenario_folder(tmp_path: Path) -> None:
+    """A pin used in one folder stays used after the next folder; a pin naming a record left out in an earlier
+    folder is refused with why it was left out."""
+    results = tmp_path / "results"
+    bricks = _record("performance", run_id="bricks-1", kind="bricks")
+    _scenario_with(results, "box/null/Offline", _record("performance", run_id="older", started_at="T0"),
+                   _record("performance", run_id="newer", started_at="T1"))
+    _scenario_with(results, "box/null/Server", bricks)
+    _scenario_with(results, "box/null/SingleStream", _record("performance", run_id="ss", scenario="SingleStream"))
+    (offline, _, single) = runs.collect(results, pinned=["older"])
+    assert (offline.performance.run_id, single.performance.run_id) == ("older", "ss")
+    with pytest.raises(UserError) as caught:
+        runs.collect(results, pinned=["bricks-1"])
+    assert str(caught.value) == (f"--run bricks-1: {results / 'box/null/Server'}: run bricks-1 left out: a 'bricks' "
+                                 f"record, not a loadgen test (a submission packages LoadGen runs only)")
+
+
+def test_candidate_records_keep_every_ok_loadgen_run_newest_first_and_name_a_bad_steps_record(tmp_path: Path) -> None:
+    """A failed record found first does not end the search; a record with no start time sorts oldest; a steps
+    file's bad record is named by its file and mode."""
+    results = tmp_path / "results"
+    where = _scenario_with(results, "box/null/Offline", _record("performance", status="failed"),
+                           _record("accuracy", run_id="undated", started_at=""),
+                           _record("accuracy", run_id="dated", started_at="2026-12-07T00:00:00Z"))
+    assert [r.run_id for r in runs.candidate_records(results, where)] == ["dated", "undated"]
+    steps = where / runs.STEPS_FILE
+    steps.write_text(json.dumps({"schema_version": 1, "records": {"performance": {"run_id": "cut"}}}))
+    with pytest.raises(UserError) as caught:
+        runs.candidate_records(results, where)
+    assert str(caught.value).startswith(f"{steps}: records.performance")
