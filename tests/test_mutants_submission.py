@@ -799,7 +799,7 @@ CPUINFO_TWO_SOCKETS = "".join(
 def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The machine files the system description reads, given by the test: /proc/cpuinfo (two sockets of four
     cores), /etc/os-release and /sys/class/net (two cards with a device, and lo) under tmp_path/machine; a
-    500 GiB root disk. Without psutil unless the test puts it back."""
+    500 GiB root disk (any other path: none). Without psutil unless the test puts it back."""
     import pathlib
     import types
 
@@ -809,27 +809,29 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "proc").mkdir(parents=True)
     (root / "proc" / "cpuinfo").write_text(CPUINFO_TWO_SOCKETS)
     (root / "etc").mkdir()
-    (root / "etc" / "os-release").write_text('NAME="Debian GNU/Linux"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
+    (root / "etc" / "os-release").write_text('NAME="Debian GNU/Linux"\nPRETTY_NAME="Debian GNU/Linux 12 (a=b)"\n')
     for card in ("eth0/device", "eth1/device", "lo"):
         (root / "sys" / "class" / "net" / card).mkdir(parents=True)
     files = ("/proc/cpuinfo", "/etc/os-release", "/sys/class/net")
     monkeypatch.setattr(system_json, "Path", lambda p: pathlib.Path(root / p.lstrip("/") if p in files else p))
-    monkeypatch.setattr(system_json.shutil, "disk_usage", lambda _: types.SimpleNamespace(total=500 * 2**30))
+    monkeypatch.setattr(system_json.shutil, "disk_usage",
+                        lambda path: types.SimpleNamespace(total=500 * 2**30 if path == "/" else 0))
     monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError: /proc/cpuinfo is read
     return root
 
 
-def _describe(detected: dict, software: dict) -> dict[str, str]:
+def _describe(detected: dict, software: dict, hardware_refs: tuple[str, ...] = ("gpu@1", "cpu@1", "gpu@1"),
+              fields: dict[str, str] | None = None) -> dict[str, str]:
     from mlharness.submission import system_json
 
     return system_json.describe(division="open", submitter="Acme", system_name="box", detected=detected,
                                 software=software, backends=["onnxruntime", "null", "onnxruntime"],
-                                hardware_refs=["gpu@1", "cpu@1", "gpu@1"])
+                                hardware_refs=hardware_refs, fields=fields)
 
 
 def test_the_system_description_is_what_the_run_detected_and_the_machine_files_say(machine: Path) -> None:
     detected = {"cpu_model": "Xeon 8480", "logical_cpus": 16, "memory_bytes": 64 * 2**30, "os": "Linux 6.1",
-                "python": "3.11.7", "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+                "python": "3.99.1", "gpus": ["NVIDIA H200", "NVIDIA L4"]}
     desc = _describe(detected, {"onnxruntime": "1.20", "numpy": "2.0", "mlcommons-loadgen": "6.0"})
     assert {k: v for k, v in desc.items() if not k.startswith("accelerator_") or k == "accelerator_model_name"} == {
         "division": "open", "submitter": "Acme", "status": "available", "system_name": "box", "system_type": "edge",
@@ -840,8 +842,8 @@ def test_the_system_description_is_what_the_run_detected_and_the_machine_files_s
         "host_storage_type": "undetected", "host_networking": "N/A", "host_networking_topology": "N/A",
         "host_network_card_count": "2", "accelerators_per_node": "2", "accelerator_model_name": "NVIDIA H200",
         "cooling": "undetected", "framework": "null, onnxruntime 1.20",
-        "operating_system": "Debian GNU/Linux 12 (bookworm) (Linux 6.1)",
-        "other_software_stack": "Python 3.11.7, mlcommons-loadgen 6.0, numpy 2.0",
+        "operating_system": "Debian GNU/Linux 12 (a=b) (Linux 6.1)",
+        "other_software_stack": "Python 3.99.1, mlcommons-loadgen 6.0, numpy 2.0",
         "hw_notes": "Detected by mlharness; 16 logical CPUs available; hardware manifest(s): cpu@1, gpu@1",
         "sw_notes": "Run with mlharness (LoadGen via mlcommons-loadgen); manifests and code in src/"}
     assert {desc[k] for k in desc if k.startswith("accelerator_") and k != "accelerator_model_name"} == {"N/A"}
@@ -873,6 +875,22 @@ def test_the_system_description_falls_back_field_by_field_when_nothing_was_detec
             _describe({"logical_cpus": 6}, {})["host_processor_core_count"]) == ("1", "6")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: (_ for _ in ()).throw(OSError("no disk")))
     assert _describe({}, {})["host_storage_capacity"] == "undetected"
+    assert _describe({}, {}, hardware_refs=())["hw_notes"].endswith("; hardware manifest(s): none")
+    # A host whose CPU count Python cannot tell (os.cpu_count() None; monkeypatched: this one can): one CPU.
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert _describe({}, {})["hw_notes"].startswith("Detected by mlharness; 1 logical CPUs available;")
+
+
+def test_system_fields_win_over_what_was_detected_but_not_over_the_folders_division_and_submitter(
+        machine: Path) -> None:
+    from mlharness.submission.system_json import SYSTEM_FIELDS
+
+    desc = _describe({}, {}, fields={"cooling": "liquid", "division": "closed", "submitter": "Other"})
+    assert (desc["cooling"], desc["division"], desc["submitter"]) == ("liquid", "open", "Acme")
+    with pytest.raises(UserError) as caught:
+        _describe({}, {}, fields={"colour": "red"})
+    assert str(caught.value) == (f"--system-field colour: not a system description field "
+                                 f"(known: {', '.join(SYSTEM_FIELDS)})")
 
 
 def test_the_physical_core_count_comes_from_psutil_when_it_is_there(machine: Path,
