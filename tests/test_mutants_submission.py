@@ -702,13 +702,13 @@ def test_a_packaged_readme_names_the_model_system_backend_and_each_runs_command(
     folder = tmp_path / "box-folder" / "null" / "Offline"
     perf = _record("performance", system_name="tiny-box", software={"versions": {"numpy": "2.0", "loadgen": "6.0"}})
     acc = _record("accuracy", backend="onnxruntime", command=None, software={"versions": {"onnxruntime": "1.0"}},
-                  model={"name": "null", "version": "1.0.1", "sha256": "b" * 64})
+                  model={"name": "null", "version": "1.0.1", "sha256": "b" * 64}, started_at="")
     assert packager._readme(runs.ScenarioRuns("null", "Offline", folder, performance=perf, accuracy=acc)) == "\n".join([
         "# null 1.0.0 — Offline", "",
         f"Measured with mlharness on tiny-box; backend null; model manifest sha256 {'a' * 64}.", "",
         "## Performance (run run-performance, T0)", "", "Reproduce with:", "", "```",
         "mlharness run null --mode performance", "```", "",
-        "## Accuracy (run run-accuracy, T0)", "", "Reproduce with:", "", "```", "(command not recorded)", "```", "",
+        "## Accuracy (run run-accuracy, )", "", "Reproduce with:", "", "```", "(command not recorded)", "```", "",
         "## Software", "", "- loadgen 6.0", "- numpy 2.0", ""])
     only_accuracy = packager._readme(runs.ScenarioRuns("null", "Offline", folder, accuracy=acc)).splitlines()
     assert only_accuracy[:3] == ["# null 1.0.1 — Offline", "",
