@@ -3,6 +3,7 @@ score counts what mutmut reports the way docs/testing.md says (timeouts count as
 from __future__ import annotations
 
 import importlib.util
+import py_compile
 from pathlib import Path
 
 import pytest
@@ -156,19 +157,26 @@ def test_recheck_applies_a_survivors_change_alone_or_says_it_cannot() -> None:
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_recheck_gives_each_survivor_its_verdict_from_the_tests_whether_side_by_side_or_not(tmp_path: Path,
                                                                                            jobs: int) -> None:
-    """A tree whose test checks f only: f's change is killed, g's survives, a change of lines no longer there
-    is not applied; each file is put back, and the copies made for the jobs are gone after."""
+    """A tree whose test checks f only: f's change is killed, g's and n.py's k's survive, a change of lines no
+    longer there is not applied; each file is put back, and the copies made for the jobs are gone after. Each
+    change is the same size as the code, and each run far shorter than a second: a cached .pyc, which Python
+    trusts while the source's size and whole-second mtime match, would run the code before the change (a CI run
+    without PYTHONDONTWRITEBYTECODE failed so)."""
     recheck = _tool("recheck")
     tree = tmp_path / "tree"
     tree.mkdir()
     source = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x * 2\n"
     (tree / "m.py").write_text(source)
-    (tree / "test_m.py").write_text("from m import f\n\n\ndef test_f():\n    assert f(1) == 2\n")
+    py_compile.compile(str(tree / "m.py"))  # the original's bytecode, cached beside it
+    (tree / "n.py").write_text("def k(x):\n    return x * 2\n")
+    (tree / "test_m.py").write_text("import n\nfrom m import f\n\n\ndef test_f():\n    assert f(1) == 2\n")
     diffs = {"m.x_f__mutmut_1": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def f(x):\n-    return x + 1\n+    return x - 1\n",
+             "n.x_k__mutmut_1": "--- n.py\n+++ n.py\n@@ -1,2 +1,2 @@\n def k(x):\n-    return x * 2\n+    return x * 3\n",
              "m.x_g__mutmut_1": "--- m.py\n+++ m.py\n@@ -5,2 +5,2 @@\n def g(x):\n-    return x * 2\n+    return x * 3\n",
              "m.x_h__mutmut_1": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def h(x):\n-    return x\n+    return None\n"}
     verdicts = recheck.recheck(tree, diffs, ["test_m.py"], jobs)
-    assert verdicts == {"m.x_f__mutmut_1": "killed", "m.x_g__mutmut_1": "survived", "m.x_h__mutmut_1": "not applied"}
+    assert verdicts == {"m.x_f__mutmut_1": "killed", "n.x_k__mutmut_1": "survived", "m.x_g__mutmut_1": "survived",
+                        "m.x_h__mutmut_1": "not applied"}
     assert list(verdicts) == list(diffs)  # in the run's order, whoever judged each
-    assert (tree / "m.py").read_text() == source
+    assert (tree / "m.py").read_text() == source and (tree / "n.py").read_text() == "def k(x):\n    return x * 2\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]

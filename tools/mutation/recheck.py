@@ -40,8 +40,7 @@ def recheck(tree: Path, diffs: dict[str, str], tests: list[str], jobs: int = 1) 
     """Each mutant's verdict in `tree` (a module's tree from prepare_tree), applied alone; with `jobs` > 1,
     that many copies of the tree each take their share of the mutants, side by side."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    baseline = subprocess.run(command, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
-                              text=True)
+    baseline = subprocess.run(command, cwd=tree, env=_env(tree), capture_output=True, text=True)
     if baseline.returncode != 0:  # a verdict needs tests that pass without the change
         sys.exit(f"{tree}: the tests fail without any change (exit {baseline.returncode}); output ends:\n"
                  f"{baseline.stdout[-2000:]}")
@@ -59,10 +58,22 @@ def recheck(tree: Path, diffs: dict[str, str], tests: list[str], jobs: int = 1) 
     return {name: verdicts[name] for name in names}
 
 
+def _env(tree: Path) -> dict[str, str]:
+    """The tests' environment: this tree's package first, and no bytecode written. A .pyc is trusted while its
+    source's size and mtime (whole seconds) match, and a mutant of the same size written within the second of
+    the last compile would run the old code."""
+    return dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+
+
+def _forget_bytecode(source: Path) -> None:
+    for cached in (source.parent / "__pycache__").glob(f"{source.stem}.*.pyc"):
+        cached.unlink()
+
+
 def _recheck_in(tree: Path, diffs: dict[str, str], command: list[str]) -> dict[str, str]:
     """The verdicts of these mutants, one after the other in this tree."""
     verdicts: dict[str, str] = {}
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = _env(tree)
     for name, diff in diffs.items():
         target = tree / diff.splitlines()[0].removeprefix("--- ").strip()
         original = target.read_text()
@@ -70,11 +81,13 @@ def _recheck_in(tree: Path, diffs: dict[str, str], command: list[str]) -> dict[s
         if changed is None:
             verdicts[name] = NOT_APPLIED
         else:
+            _forget_bytecode(target)  # one written before (the run's, or an import outside these tests)
             try:
                 target.write_text(changed)
                 done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
             finally:
                 target.write_text(original)
+                _forget_bytecode(target)
             if done.returncode not in (0, 1):  # not a verdict: the tests could not run
                 raise SystemExit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
             verdicts[name] = KILLED if done.returncode == 1 else SURVIVED
