@@ -20,7 +20,7 @@ import pytest
 from mlharness.submission.rules import BENCHMARKS
 from tests.support import copy_specs, null_model_with, run_cli, run_new
 
-MODEL = "null-resnet"  # the null model named with an mlperf_benchmark, as tests/test_cli_submission.py makes it
+MODEL = "null-resnet"  # the null model named with an mlperf_benchmark (support.null_model_with), as in test_cli_submission
 
 
 @pytest.fixture(scope="module")

@@ -148,9 +148,8 @@ class _StopSignals:
 
     While cells are placed or the ended ones collected and recorded (`holding`, which nests), a signal
     waits until they are: an interrupt in the middle would leave a cell that has run, or runs, neither
-    recorded nor cancelled. A SIGINT the process
-    ignores (a background job's) or handles its own way stays so, and outside the main thread signals
-    cannot be caught: the caller's handlers stay."""
+    recorded nor cancelled. A SIGINT the process ignores (a background job's) or handles its own way
+    stays so, and outside the main thread signals cannot be caught: the caller's handlers stay."""
 
     def __init__(self) -> None:
         self.terminated = False  # SIGTERM came (the exit status says which signal stopped the sweep)

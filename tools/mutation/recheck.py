@@ -66,6 +66,7 @@ def _env(tree: Path) -> dict[str, str]:
 
 
 def _forget_bytecode(source: Path) -> None:
+    """Remove the source's cached .pyc, written before these runs (they write none: `_env`)."""
     for cached in (source.parent / "__pycache__").glob(f"{source.stem}.*.pyc"):
         cached.unlink()
 
@@ -87,7 +88,6 @@ def _recheck_in(tree: Path, diffs: dict[str, str], command: list[str]) -> dict[s
                 done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
             finally:
                 target.write_text(original)
-                _forget_bytecode(target)
             if done.returncode not in (0, 1):  # not a verdict: the tests could not run
                 raise SystemExit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
             verdicts[name] = KILLED if done.returncode == 1 else SURVIVED
