@@ -172,6 +172,25 @@ def test_nothing_is_staged_before_load_samples() -> None:
         staged().rows([0])
 
 
+def test_the_one_sample_feed_is_a_view_and_names_a_sample_not_staged_now() -> None:
+    """feed_of (the inline SingleStream path's lookup): one staged sample's inputs as a view of its
+    row; a sample not staged now (before any load, left out of the last one, or unloaded) is the
+    same SampleError as rows() gives, naming the sample."""
+    samples = staged()
+    with pytest.raises(SampleError, match=r"^sample 2: staging raised LookupError"):
+        samples.feed_of(2)
+    samples.load_samples([4, 2])
+    feed = samples.feed_of(2)
+    np.testing.assert_array_equal(feed["x"], [[2, -2]])
+    assert np.shares_memory(feed["x"], samples.arrays["x"])
+    with pytest.raises(SampleError) as info:
+        samples.feed_of(3)
+    assert info.value.indices == [3] and info.value.stage == "staging"
+    samples.unload_samples([4, 2])
+    with pytest.raises(SampleError, match=r"^sample 4: staging raised LookupError"):
+        samples.feed_of(4)
+
+
 def test_each_sample_is_loaded_and_preprocessed_once_with_the_context() -> None:
     calls: list[tuple[str, Any]] = []
     ctx = ProcessingContext(attributes={"scale": 3})
