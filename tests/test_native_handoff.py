@@ -22,7 +22,7 @@ import pytest
 
 from mlharness.errors import UserError
 from mlharness.sut import _native
-from mlharness.sut.handoff import PythonHandoff, load_handoff
+from mlharness.sut.handoff import PythonHandoff, load_handoff, load_issue_queue
 
 # Every way a response can reach LoadGen: the Python baseline, and the C extension through LoadGen's
 # C entry point and through its pybind11 objects (the fallback when that entry point is not found).
@@ -266,6 +266,29 @@ def test_default_handoff_is_native_and_env_selects_python(monkeypatch: pytest.Mo
     monkeypatch.setenv("MLHARNESS_HANDOFF", "fast")
     with pytest.raises(UserError, match=r"^MLHARNESS_HANDOFF='fast': expected 'native' or 'python'$"):
         load_handoff()
+
+
+def test_the_native_issue_queue_serves_server_unless_python_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_issue_queue: the request's choice, else $MLHARNESS_ISSUE, else native; read without regard
+    to case; Server only; the path's name says why (it goes into run.json)."""
+    monkeypatch.delenv("MLHARNESS_ISSUE", raising=False)
+    queue, why = load_issue_queue("Server")
+    assert isinstance(queue, _native.IssueQueue) and why == "native"
+    for scenario in ("Offline", "SingleStream", "MultiStream", "server"):
+        assert load_issue_queue(scenario) == (None, f"python (the native issue path serves Server; this is {scenario})")
+    assert load_issue_queue("Server", "python") == (None, "python (MLHARNESS_ISSUE=python)")
+    monkeypatch.setenv("MLHARNESS_ISSUE", "Python")
+    assert load_issue_queue("Server") == (None, "python (MLHARNESS_ISSUE=python)")
+    assert load_issue_queue("Server", "NATIVE")[1] == "native"  # the request's choice before the environment
+    monkeypatch.setenv("MLHARNESS_ISSUE", "")
+    assert load_issue_queue("Server")[1] == "native"
+    with pytest.raises(UserError, match=r"^MLHARNESS_ISSUE='fast': expected 'native' or 'python'$"):
+        load_issue_queue("Offline", "fast")  # refused whatever the scenario
+    import mlharness.sut
+
+    monkeypatch.delattr(mlharness.sut, "_native")
+    monkeypatch.setitem(sys.modules, "mlharness.sut._native", None)  # as where the extension is not built
+    assert load_issue_queue("Server") == (None, "python (the C extension mlharness.sut._native is not built)")
 
 
 @pytest.mark.parametrize("kind", list(HANDOFFS))
