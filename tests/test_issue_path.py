@@ -112,14 +112,16 @@ def take(queue: Any, *args: float) -> Any:
     return queue.take(*args)
 
 
-def waiting_in_take(thread: threading.Thread) -> bool:
-    """The thread sleeps inside take(): its innermost Python frame is `take` past its start (in the
-    call), and the kernel has it asleep. Called with the GIL held, so the thread is not running Python."""
-    frame = sys._current_frames().get(thread.ident)
+def waiting_in_take(ident: int, native_id: int) -> bool:
+    """The thread (Python's ident, the kernel's id) sleeps inside take(): its innermost Python frame is
+    `take` past its start (in the call), and the kernel has it asleep. Called with the GIL held, so the
+    thread is not running Python. The kernel's id is the one the thread reads itself: in a forked
+    process (mutmut's workers) the main Thread object's native_id is still the parent's."""
+    frame = sys._current_frames().get(ident)
     if frame is None or frame.f_code is not take.__code__ or frame.f_lasti <= 0:
         return False
     try:
-        with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+        with open(f"/proc/self/task/{native_id}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] == "S"
     except OSError:  # the thread has ended meanwhile
         return False
@@ -135,12 +137,12 @@ def wait_for(happened: Callable[[], bool], what: str, timeout: float = 60) -> No
 
 def test_a_batch_waits_to_fill_up_to_its_bound() -> None:
     queue = native.IssueQueue()
-    taker = threading.current_thread()
+    taker = (threading.get_ident(), threading.get_native_id())
     pushed: list[BaseException | None] = []
 
     def once_waiting() -> None:
         try:
-            wait_for(lambda: waiting_in_take(taker), "take() waiting for its batch to fill")
+            wait_for(lambda: waiting_in_take(*taker), "take() waiting for its batch to fill")
             queue.push([2, 3], [2, 3])
             pushed.append(None)
         except BaseException as error:  # noqa: BLE001 - reported by the test below
@@ -166,9 +168,10 @@ def test_take_waits_without_the_gil_and_close_wakes_it() -> None:
     results: list = []
     waiter = threading.Thread(target=lambda: results.append(take(queue, 4, 60.0, 0.0)), daemon=True)
     waiter.start()
+    assert waiter.ident is not None and waiter.native_id is not None  # set once started
     # This thread runs Python (it looks) while the other sleeps in take: a take holding the GIL would
     # let it look only once take returned, after its 60 s.
-    wait_for(lambda: waiting_in_take(waiter), "the other thread asleep in take()")
+    wait_for(lambda: waiting_in_take(waiter.ident, waiter.native_id), "the other thread asleep in take()")
     assert waiter.is_alive() and results == []
     queue.close()
     waiter.join(60)
