@@ -152,6 +152,10 @@ def test_recheck_applies_a_survivors_change_alone_or_says_it_cannot() -> None:
     assert recheck.apply_change(source, diff) == source.replace("def f(x):\n    return x + 1", "def f(x):\n    return x - 1")
     assert recheck.apply_change(source.replace("def f", "def h"), diff) is None  # its lines are gone
     assert recheck.apply_change(source + "\ndef f(x):\n    return x + 1\n", diff) is None  # found twice: which?
+    # A method's diff, as mutmut shows it: the body dedented by the class's indentation, a blank line kept blank.
+    method = "--- m.py\n+++ m.py\n@@ -1,4 +1,4 @@\n def f(self, x):\n     y = x\n \n-    return y + 1\n+    return y - 1\n"
+    source = "class C:\n    def f(self, x):\n        y = x\n\n        return y + 1\n"
+    assert recheck.apply_change(source, method) == source.replace("y + 1", "y - 1")
 
 
 @pytest.mark.parametrize("jobs", [1, 2])

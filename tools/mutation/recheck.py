@@ -31,9 +31,17 @@ def apply_change(source: str, diff: str) -> str | None:
     """`source` with the diff's one hunk applied (its context and removed lines replaced by its context and added
     lines), or None when those lines are not found exactly once."""
     body = [line for line in diff.splitlines() if not line.startswith(("---", "+++", "@@"))]
-    before = "\n".join(line[1:] for line in body if line[:1] in (" ", "-"))
-    after = "\n".join(line[1:] for line in body if line[:1] in (" ", "+"))
-    return source.replace(before, after) if before and source.count(before) == 1 else None
+    # mutmut shows a method's lines dedented by its class's indentation: tried as shown, then one level in.
+    for indent in ("", "    "):
+        before = "\n".join(_indented(indent, line[1:]) for line in body if line[:1] in (" ", "-"))
+        after = "\n".join(_indented(indent, line[1:]) for line in body if line[:1] in (" ", "+"))
+        if before and source.count(before) == 1:
+            return source.replace(before, after)
+    return None
+
+
+def _indented(indent: str, line: str) -> str:
+    return indent + line if line.strip() else line
 
 
 def recheck(tree: Path, diffs: dict[str, str], tests: list[str], jobs: int = 1) -> dict[str, str]:
