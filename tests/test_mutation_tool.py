@@ -158,6 +158,23 @@ def test_recheck_applies_a_survivors_change_alone_or_says_it_cannot() -> None:
     assert recheck.apply_change(source, method) == source.replace("y + 1", "y - 1")
 
 
+def test_recheck_counts_a_test_process_the_change_crashed_as_a_kill_and_stops_where_tests_cannot_run(
+        tmp_path: Path) -> None:
+    """A change that makes the test process die of a signal (a segfault in C code) is detected, as mutmut counts
+    it; one that leaves pytest unable to run the tests (exit 2 and above) is no verdict: the recheck stops."""
+    recheck = _tool("recheck")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "m.py").write_text("import os\n\n\ndef f(x):\n    return x + 1\n")
+    (tree / "test_m.py").write_text("from m import f\n\n\ndef test_f():\n    assert f(1) >= 0\n")
+    crash = {"m.x_f__mutmut_1": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def f(x):\n-    return x + 1\n+    return os.abort()\n"}
+    assert recheck.recheck(tree, crash, ["test_m.py"]) == {"m.x_f__mutmut_1": "killed"}
+    broken = {"m.x_f__mutmut_2": "--- m.py\n+++ m.py\n@@ -1,2 +1,2 @@\n def f(x):\n-    return x + 1\n+    return x +\n"}
+    with pytest.raises(SystemExit, match=r"^m.x_f__mutmut_2: pytest exited 2"):
+        recheck.recheck(tree, broken, ["test_m.py"])
+    assert (tree / "m.py").read_text().endswith("return x + 1\n")  # put back
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_recheck_gives_each_survivor_its_verdict_from_the_tests_whether_side_by_side_or_not(tmp_path: Path,
                                                                                            jobs: int) -> None:

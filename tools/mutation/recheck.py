@@ -96,9 +96,11 @@ def _recheck_in(tree: Path, diffs: dict[str, str], command: list[str]) -> dict[s
                 done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
             finally:
                 target.write_text(original)
-            if done.returncode not in (0, 1):  # not a verdict: the tests could not run
+            # A test process the change crashed (a signal: a segfault in the C extension) detected it, as
+            # mutmut counts it; any other exit but 0 and 1 is not a verdict: the tests could not run.
+            if done.returncode not in (0, 1) and done.returncode > 0:
                 raise SystemExit(f"{name}: pytest exited {done.returncode}; its output ends:\n{done.stdout[-2000:]}")
-            verdicts[name] = KILLED if done.returncode == 1 else SURVIVED
+            verdicts[name] = SURVIVED if done.returncode == 0 else KILLED
         print(f"{verdicts[name]:<12}{name}", flush=True)
     return verdicts
 
