@@ -606,3 +606,57 @@ def test_a_one_dimensional_result_is_one_value_per_sample(tmp_path: Path) -> Non
     responses = _loadgen(sut, staged, "Offline", tmp_path)
     assert sut.failure is None
     assert {s: np.frombuffer(d, dtype=np.int64).tolist() for s, d in responses.items()} == {i: [i] for i in range(4)}
+
+
+class DeviceGatherFails(StagedSamples):
+    """Staged samples whose batches are gathered elsewhere (as the GPU path's device_gather), and the
+    gather breaks (a device out of memory, say)."""
+
+    def device_gather(self, worker: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        raise RuntimeError("device gather broke")
+
+
+class CompletionRefused:
+    """The real handoff's gather; its completion raises, as LoadGen's C entry could."""
+
+    name = "refusing"
+
+    def __init__(self) -> None:
+        self.real = load_handoff()
+
+    def gather(self, staged: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        self.real.gather(staged, rows, out)
+
+    def complete(self, query_ids: list[int], results: np.ndarray) -> None:
+        raise RuntimeError("completion refused")
+
+
+def test_a_gather_that_fails_is_a_staging_error_of_the_batch_and_every_query_completes_empty(tmp_path: Path) -> None:
+    """A batch's gather (here the device's, which replaces the host gather) raising: the run's failure
+    names that batch's samples and the staging stage; LoadGen gets every query back, empty."""
+    model, backend, _, ctx = _parts(count=8)
+    staged = DeviceGatherFails([(i, i) for i in range(8)], model.inputs,
+                               lambda sample, ctx: np.array([sample], dtype=np.float32), None, ctx)
+    sut = _sut(backend, staged, ctx, max_batch_size=4, workers=1)
+    responses = _loadgen(sut, staged, "Offline", tmp_path)
+    assert isinstance(sut.failure, SampleError) and sut.failure.stage == "staging"
+    assert len(sut.failure.indices) == 4 and str(sut.failure).endswith(": staging raised RuntimeError: device gather broke")
+    assert set(responses.values()) == {b""} and backend.got == []
+
+
+@pytest.mark.parametrize("group_rows", [0, 8])
+def test_a_completion_that_fails_is_a_complete_error_and_the_queries_complete_empty(tmp_path: Path,
+                                                                                  group_rows: int) -> None:
+    """The handoff's completion raising, for a batch answered alone (no groups) and for Offline's held
+    group: the failure names the complete stage and the samples it held; LoadGen still gets every
+    query back, empty."""
+    _, backend, staged, ctx = _parts(count=8)
+    sut = SystemUnderTest(backend=backend, staged=staged, handoff=CompletionRefused(), scenario="Offline",
+                          postprocess=None, ctx=ctx, max_batch_size=2, workers=1, postprocess_group_rows=group_rows,
+                          result_spec=load_manifest(MODEL).outputs[0])
+    assert (sut.postprocess_group_rows, group_rows) in {(0, 0), (8, 8)}
+    responses = _loadgen(sut, staged, "Offline", tmp_path)
+    assert isinstance(sut.failure, SampleError) and sut.failure.stage == "complete"
+    assert len(sut.failure.indices) == (2 if group_rows == 0 else 8)
+    assert str(sut.failure).endswith(": complete raised RuntimeError: completion refused")
+    assert set(responses.values()) == {b""} and sut.completed_samples == 0
