@@ -65,6 +65,7 @@ def test_offline_batches_are_postprocessed_in_groups_and_each_sample_gets_its_ow
     assert [len(rows) for rows in calls.rows] == [8, 8]
     assert sorted(i for rows in calls.rows for i in rows) == list(range(16))
     assert handoff.completed == {100 + i: [i] for i in range(16)}
+    assert sut.completed_samples == 16  # two groups answered by one worker: counted, not overwritten
 
 
 def test_a_held_group_is_answered_as_soon_as_nothing_more_is_waiting() -> None:

@@ -660,3 +660,19 @@ def test_a_completion_that_fails_is_a_complete_error_and_the_queries_complete_em
     assert len(sut.failure.indices) == (2 if group_rows == 0 else 8)
     assert str(sut.failure).endswith(": complete raised RuntimeError: completion refused")
     assert set(responses.values()) == {b""} and sut.completed_samples == 0
+
+
+def test_a_server_sut_given_the_native_issue_queue_is_served_from_it_and_an_inline_one_never(tmp_path: Path) -> None:
+    """Server with the native issue queue: LoadGen's C SUT fills it (the handles build that SUT when the
+    SUT holds a queue) and the workers answer every sample from it. SingleStream runs inline: a queue
+    given to it is dropped, so LoadGen calls it through the binding."""
+    from mlharness.sut import _native
+
+    _, backend, staged, ctx = _parts(count=8)
+    issue_queue = _native.IssueQueue()
+    sut = _sut(backend, staged, ctx, "Server", max_batch_size=2, workers=1, issue_queue=issue_queue)
+    responses = _loadgen(sut, staged, "Server", tmp_path)
+    assert sut.failure is None and issue_queue.issued == 8
+    assert {sample: _answered(data) for sample, data in responses.items()} == {i: i for i in range(8)}
+    inline = _sut(backend, staged, ctx, "SingleStream", issue_queue=_native.IssueQueue())
+    assert inline.inline and inline.issue_queue is None
