@@ -913,7 +913,8 @@ def test_packaged_accuracy_text_is_the_headline_our_figures_then_the_full_logs_h
     txt.write_text("\naccuracy=50.000%, good=1, total=2\n\ntop5=1.0\nhash=0123\n")
     assert accuracy_txt.official_text(txt, log) == (f"accuracy=50.000%, good=1, total=2\ntop5=1.0\n"
                                                     f"hash={sha256(log)}\n")
-    for text, line, why in (("", 1, "''"), ("top1=0.5\n", 1, "'top1=0.5'"), ("\n\ntop1=0.5\n", 3, "'top1=0.5'")):
+    for text, line, why in (("", 1, "''"), ("\n \n\n", 1, "''"), ("top1=0.5\n", 1, "'top1=0.5'"),
+                            ("\n\ntop1=0.5\n", 3, "'top1=0.5'")):  # only blank lines: line 1, as for an empty file
         txt.write_text(text)
         with pytest.raises(UserError) as caught:
             accuracy_txt.official_text(txt, log)
