@@ -617,16 +617,10 @@ class DeviceGatherFails(StagedSamples):
         raise RuntimeError("device gather broke")
 
 
-class CompletionRefused:
+class CompletionRefused(RecordingCompletion):
     """The real handoff's gather; its completion raises, as LoadGen's C entry could."""
 
     name = "refusing"
-
-    def __init__(self) -> None:
-        self.real = load_handoff()
-
-    def gather(self, staged: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-        self.real.gather(staged, rows, out)
 
     def complete(self, query_ids: list[int], results: np.ndarray) -> None:
         raise RuntimeError("completion refused")
